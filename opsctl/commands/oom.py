@@ -1,0 +1,175 @@
+"""`opsctl oom`: find OOMs and crashes in an SGLang unit's journal or a saved log.
+
+    opsctl oom                                   # journalctl -u sglang.service
+    opsctl oom --since "2 hours ago" --json
+    opsctl oom --file node.log --mem-fraction-static 0.94
+    journalctl -u sglang.service | opsctl oom --file -
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import click
+from rich.table import Table
+
+from opsctl import oom as oom_lib
+from opsctl.output import console, err_console, print_json
+from opsctl.startup_log import GIB, EngineConfig
+
+EXIT_NONE_FOUND = 0
+EXIT_FOUND = 1
+
+
+def _say(text: str) -> None:
+    # soft_wrap: long recommendation lines stay whole, so they can be grepped and copied.
+    console.print(text, soft_wrap=True)
+
+
+def _size(value: int | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value / GIB:.2f} GiB" if value >= GIB else f"{value / (1 << 20):.2f} MiB"
+
+
+def _read_file(path: str) -> list[str]:
+    try:
+        with click.open_file(path, "r", encoding="utf-8", errors="replace") as handle:
+            return handle.read().splitlines()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="--file") from None
+
+
+def _setting_text(setting: oom_lib.Setting) -> str:
+    parts = []
+    if setting.fraction is not None:
+        parts.append(f"--mem-fraction-static {setting.fraction}")
+    if setting.chunk is not None:
+        parts.append(f"--chunked-prefill-size {setting.chunk}")
+    if setting.expandable_segments:
+        parts.append("expandable_segments:True")
+    text = " + ".join(parts) or "(see action)"
+    if setting.tokens is not None:
+        text += f" -> {setting.tokens:,} tokens"
+        if setting.safe is not None:
+            text += ", spike fits" if setting.safe else ", spike does NOT fit"
+    return f"{text}: {setting.why}"
+
+
+def _print_incident(number: int, incident: oom_lib.Incident) -> None:
+    where = " ".join(
+        part
+        for part in (
+            incident.time or "?",
+            incident.host or "",
+            f"TP{incident.tp_rank}" if incident.tp_rank is not None else "",
+            f"GPU {incident.gpu}" if incident.gpu is not None else "",
+        )
+        if part
+    )
+    _say(f"[bold]#{number} {incident.kind}[/bold] ({incident.classification}) at {where}")
+    if incident.kind == "cuda_oom":
+        _say(
+            f"  tried {_size(incident.tried_bytes)}, free {_size(incident.free_bytes)} of {_size(incident.total_bytes)}, "
+            f"in use {_size(incident.in_use_bytes)}, reserved-unallocated {_size(incident.reserved_unallocated_bytes)}"
+            + (" (message truncated)" if incident.truncated else "")
+        )
+        for pid, used in incident.other_processes.items():
+            _say(f"  process {pid} holds {_size(used)}")
+    elif incident.detail:
+        _say(f"  {incident.detail}")
+    config = incident.config
+    if config is not None:
+        _say(
+            f"  config: fraction {config.mem_fraction_static}, chunk {config.chunked_prefill_size}, "
+            f"expandable_segments {config.expandable_segments}"
+        )
+    if incident.engine_killed:
+        _say("  the engine was torn down after it")
+    rec = incident.recommendation
+    if rec is not None:
+        _say(f"  -> {rec.action}")
+        for index, setting in enumerate(rec.settings):
+            _say(f"     {'recommend' if index == 0 else 'or'} {_setting_text(setting)}")
+        for note in rec.notes:
+            _say(f"     note: {note}")
+
+
+def _summary_table(incidents: list[oom_lib.Incident]) -> Table:
+    table = Table(title="OOMs and crashes")
+    for column in ("#", "time", "kind", "class", "tried", "free", "total"):
+        table.add_column(column)
+    for number, incident in enumerate(incidents, 1):
+        table.add_row(
+            str(number),
+            incident.time or "?",
+            incident.kind,
+            incident.classification,
+            _size(incident.tried_bytes),
+            _size(incident.free_bytes),
+            _size(incident.total_bytes),
+        )
+    return table
+
+
+@click.command("oom")
+@click.option("--file", "file_", metavar="PATH", help="Read a saved log instead of the journal; - reads stdin.")
+@click.option("--unit", default="sglang.service", show_default=True, envvar="OPSCTL_UNIT", help="systemd unit to read.")
+@click.option("--since", metavar="WHEN", help="journalctl --since (e.g. '2 hours ago', '2026-05-31 10:00').")
+@click.option(
+    "--mem-fraction-static",
+    "fraction",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    help="Fraction in force, when the log has no server_args line.",
+)
+@click.option("--chunked-prefill-size", "chunk", type=int, help="Chunk size in force, when the log does not say.")
+@click.option(
+    "--expandable-segments/--no-expandable-segments",
+    default=None,
+    help="Whether PYTORCH_CUDA_ALLOC_CONF had expandable_segments:True (the log never says).",
+)
+@click.option("--json", "json_", is_flag=True, help="Print one JSON document to stdout.")
+def oom(
+    file_: str | None,
+    unit: str,
+    since: str | None,
+    fraction: float | None,
+    chunk: int | None,
+    expandable_segments: bool | None,
+    json_: bool,
+) -> None:
+    """Find OOMs and crashes and say what to change.
+
+    Reports PyTorch CUDA OOMs (current and older messages), scheduler exceptions,
+    SIGQUIT/kill lines, KV-pool retractions, prefill/decode out of memory, the kernel
+    OOM killer, illegal memory accesses and NCCL errors, each classified (activation
+    spike, fragmentation, KV pool / startup allocation, host memory, not memory).
+
+    Exit status: 0 none found, 1 incidents found (or the journal could not be read),
+    2 usage error.
+    """
+    if file_ is not None and since is not None:
+        raise click.UsageError("--since applies to the journal only; filter the file yourself or drop --file")
+    if chunk is not None and chunk == 0:
+        raise click.BadParameter(
+            "use a positive chunk size, or -1 for chunking disabled", param_hint="--chunked-prefill-size"
+        )
+    hint = EngineConfig(mem_fraction_static=fraction, chunked_prefill_size=chunk, expandable_segments=expandable_segments)
+    lines: Iterable[str]
+    if file_ is not None:
+        lines = _read_file(file_)
+    else:
+        try:
+            lines = list(oom_lib.read_journal(unit, since))
+        except oom_lib.JournalError as exc:
+            raise click.ClickException(str(exc)) from None
+    incidents = oom_lib.analyze(lines, hint)
+    if json_:
+        print_json({"incidents": incidents, "count": len(incidents)})
+    elif not incidents:
+        err_console.print("No OOMs or crashes found.")
+    else:
+        console.print(_summary_table(incidents))
+        for number, incident in enumerate(incidents, 1):
+            _print_incident(number, incident)
+    click.get_current_context().exit(EXIT_FOUND if incidents else EXIT_NONE_FOUND)

@@ -1,0 +1,170 @@
+"""`opsctl status`: is it serving, with what config, and what went wrong last.
+
+Exit codes follow the Nagios convention, so monitoring can run it as a check:
+0 OK (active, healthy, a real generate answers), 1 WARNING (serving, but an override drifts
+from Ansible, the KV pool holds less than the context target, or the unit restarted),
+2 CRITICAL (not active, unhealthy, or hung: /health answers but a generate does not),
+3 UNKNOWN (opsctl could not tell: no systemd, unreadable config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import time
+from typing import Any
+
+import click
+from rich.table import Table
+
+from opsctl.config import load_config
+from opsctl.engine import look
+from opsctl.envfiles import effective_config
+from opsctl.output import console, print_json
+from opsctl.systemd import unit_state
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+LEVEL_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+
+
+def gpu_summary() -> list[dict[str, Any]] | str:
+    """GPUs from nvidia-smi (NVML's command-line face), or why there are none."""
+    if shutil.which("nvidia-smi") is None:
+        return "no GPU (nvidia-smi not found)"
+    query = "index,name,memory.used,memory.total,utilization.gpu"
+    result = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                            capture_output=True, text=True, check=False, timeout=5)
+    if result.returncode != 0:
+        return f"nvidia-smi failed: {result.stderr.strip()}"
+    gpus = []
+    for line in result.stdout.strip().splitlines():
+        index, name, used, total, util = (part.strip() for part in line.split(","))
+        gpus.append({"index": int(index), "name": name, "memory_used_mib": float(used),
+                     "memory_total_mib": float(total), "utilization_pct": float(util)})
+    return gpus
+
+
+def collect(timeout_s: float) -> dict[str, Any]:
+    """Everything status shows, as one JSON-ready dict with a Nagios level and the reasons."""
+    config = load_config()
+    started = time.perf_counter()
+    problems: list[tuple[int, str]] = []
+    try:
+        unit = unit_state(config.unit)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as error:
+        unit = None
+        problems.append((UNKNOWN, f"cannot read the unit's state: {error}"))
+    engine = look(config.engine_url, timeout_s)
+    effective = effective_config(config.env_file, config.override_env_file)
+
+    if unit is not None:
+        if unit.load_state == "not-found":
+            problems.append((CRITICAL, f"{config.unit} is not installed"))
+        elif unit.active_state != "active":
+            problems.append((CRITICAL, f"{config.unit} is {unit.active_state} ({unit.sub_state}, result {unit.result})"))
+        elif unit.restarts:
+            problems.append((WARNING, f"{config.unit} restarted {unit.restarts} time(s) since it was started"))
+    if not engine.health.ok:
+        problems.append((CRITICAL, f"/health: {engine.health.error}"))
+    elif not engine.health_generate.ok:
+        problems.append((CRITICAL, f"hung: /health answers but /health_generate does not ({engine.health_generate.error})"))
+    for setting in effective.settings():
+        if setting.drift:
+            problems.append((WARNING, f"{setting.name}={setting.value} is an opsctl override "
+                                      f"(Ansible says {setting.ansible_value})"))
+
+    info = engine.info
+    metrics = engine.metric_values
+    max_tokens = info.get("max_total_num_tokens") or metrics.get("sglang:max_total_num_tokens")
+    kv: dict[str, Any] = {"max_total_num_tokens": max_tokens, "context_target": config.context_target}
+    if max_tokens:
+        kv["share_of_target"] = round(max_tokens / config.context_target, 4)
+        if max_tokens < config.context_target:
+            problems.append((WARNING, f"KV pool holds {max_tokens:,} tokens, "
+                                      f"{kv['share_of_target']:.1%} of the {config.context_target:,} target"))
+    if "sglang:token_usage" in metrics:
+        kv["token_usage"] = metrics["sglang:token_usage"]
+
+    level = max((level for level, _ in problems), default=OK)
+    return {
+        "level": LEVEL_NAMES[level],
+        "exit_code": level,
+        "problems": [text for _, text in problems],
+        "unit": dataclasses.asdict(unit) | {"uptime_s": unit.uptime_s} if unit else None,
+        "health": dataclasses.asdict(engine.health) | {"body": None},
+        "health_generate": dataclasses.asdict(engine.health_generate) | {"body": None},
+        "engine": {
+            "url": config.engine_url,
+            "version": info.get("version"),
+            "model": info.get("served_model_name") or info.get("model_path"),
+            "tp_size": info.get("tp_size"),
+            "speculative_algorithm": info.get("speculative_algorithm"),
+            "running": {"mem_fraction_static": info.get("mem_fraction_static"),
+                        "chunked_prefill_size": info.get("chunked_prefill_size")},
+        },
+        "config": {s.name: dataclasses.asdict(s) | {"drift": s.drift} for s in effective.settings()},
+        "kv_pool": kv,
+        "gpus": gpu_summary(),
+        "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+
+
+def _fmt_probe(probe: dict[str, Any]) -> str:
+    if probe["ok"]:
+        return f"[green]200[/green] in {probe['latency_ms']:.0f} ms"
+    return f"[red]{probe['error']}[/red]"
+
+
+def _fmt_uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s"
+
+
+def render_human(report: dict[str, Any]) -> None:
+    colour = {"OK": "green", "WARNING": "yellow", "CRITICAL": "red", "UNKNOWN": "magenta"}[report["level"]]
+    console.print(f"[bold {colour}]{report['level']}[/bold {colour}]"
+                  + (": " + "; ".join(report["problems"]) if report["problems"] else ""), soft_wrap=True)
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    unit = report["unit"]
+    if unit:
+        table.add_row("unit", f"{unit['name']} {unit['active_state']} ({unit['sub_state']}), "
+                              f"up {_fmt_uptime(unit['uptime_s'])}, {unit['restarts']} restart(s)")
+    table.add_row("health", _fmt_probe(report["health"]))
+    table.add_row("generate", _fmt_probe(report["health_generate"]))
+    engine = report["engine"]
+    table.add_row("engine", f"SGLang {engine['version'] or '?'} at {engine['url']}: {engine['model'] or '?'}, "
+                            f"TP{engine['tp_size'] or '?'}, speculative {engine['speculative_algorithm'] or 'off'}")
+    for name, setting in report["config"].items():
+        note = f" [yellow](Ansible: {setting['ansible_value']})[/yellow]" if setting["drift"] else ""
+        running = engine["running"].get(name)
+        live = f", engine runs {running}" if running is not None and str(running) != str(setting["value"]) else ""
+        table.add_row(name, f"{setting['value']} from {setting['source']}{note}{live}")
+    kv = report["kv_pool"]
+    if kv.get("max_total_num_tokens"):
+        usage = f", {kv['token_usage']:.0%} in use" if "token_usage" in kv else ""
+        table.add_row("kv pool", f"{kv['max_total_num_tokens']:,} tokens = {kv['share_of_target']:.1%} "
+                                 f"of {kv['context_target']:,}{usage}")
+    gpus = report["gpus"]
+    table.add_row("gpus", gpus if isinstance(gpus, str) else
+                  ", ".join(f"{g['index']}: {g['memory_used_mib']:.0f}/{g['memory_total_mib']:.0f} MiB" for g in gpus))
+    console.print(table)
+
+
+@click.command()
+@click.option("--json", "json_", is_flag=True, help="Print one JSON document instead of the table.")
+@click.option("--timeout", "timeout_s", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds each HTTP probe may take; a hung engine is reported after this.")
+def status(json_: bool, timeout_s: float) -> None:
+    """Show the engine's state, health, config and KV pool (Nagios exit codes: 0 OK .. 3 UNKNOWN)."""
+    report = collect(timeout_s)
+    if json_:
+        print_json(report)
+    else:
+        render_human(report)
+    raise SystemExit(report["exit_code"])

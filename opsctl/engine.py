@@ -1,0 +1,86 @@
+"""HTTP probes of the engine: health, a real 1-token generate, server info and metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclasses.dataclass
+class Probe:
+    """One HTTP probe: `ok` is a 200 within the timeout; `error` says what went wrong otherwise."""
+
+    url: str
+    ok: bool
+    status: int | None
+    latency_ms: float | None
+    error: str | None = None
+    body: Any = None
+
+
+def probe(client: httpx.Client, path: str, timeout_s: float, want_json: bool = False) -> Probe:
+    url = str(client.base_url).rstrip("/") + path
+    started = time.perf_counter()
+    try:
+        response = client.get(path, timeout=timeout_s)
+    except httpx.TimeoutException:
+        return Probe(url, False, None, None, f"no answer within {timeout_s:g} s")
+    except httpx.HTTPError as error:
+        return Probe(url, False, None, None, f"{type(error).__name__}: {error}")
+    latency_ms = (time.perf_counter() - started) * 1000
+    body: Any = response.text
+    if want_json and response.status_code == 200:
+        try:
+            body = response.json()
+        except ValueError:
+            return Probe(url, False, 200, latency_ms, "answer is not JSON")
+    ok = response.status_code == 200
+    return Probe(url, ok, response.status_code, latency_ms, None if ok else f"HTTP {response.status_code}", body)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """SGLang's Prometheus gauges and counters by name (summed over label sets, e.g. tp_rank)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_bucket", "_created")):
+                continue
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+@dataclasses.dataclass
+class EngineView:
+    health: Probe
+    health_generate: Probe
+    server_info: Probe
+    metrics: Probe
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.server_info.body if self.server_info.ok and isinstance(self.server_info.body, dict) else {}
+
+    @property
+    def metric_values(self) -> dict[str, float]:
+        if not self.metrics.ok:
+            return {}
+        try:
+            return parse_metrics(self.metrics.body)
+        except ValueError:
+            return {}
+
+
+def look(base_url: str, timeout_s: float = 2.0, api_key: str | None = None) -> EngineView:
+    """Probe the engine's endpoints in parallel, so a hung endpoint costs one timeout, not four."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=base_url, headers=headers) as client, ThreadPoolExecutor(4) as pool:
+        health = pool.submit(probe, client, "/health", timeout_s)
+        generate = pool.submit(probe, client, "/health_generate", timeout_s)
+        info = pool.submit(probe, client, "/server_info", timeout_s, True)
+        metrics = pool.submit(probe, client, "/metrics", timeout_s)
+        return EngineView(health.result(), generate.result(), info.result(), metrics.result())

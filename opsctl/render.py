@@ -1,0 +1,101 @@
+"""Render the unit and environment files from templates/, the one source Ansible uses too.
+
+Ansible renders the unit and the tuned environment file with its `template` module; opsctl
+renders the override file with the same Jinja2 templates, and tests render all of them to
+check what the unit really passes to SGLang.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ROLE_DEFAULTS = REPO_ROOT / "ansible" / "roles" / "sglang" / "defaults" / "main.yml"
+ROLE_VARS = REPO_ROOT / "ansible" / "roles" / "sglang" / "vars" / "main.yml"
+
+
+def templates_dir() -> Path:
+    """The templates folder: the checkout's, else the copy shipped inside the package."""
+    checkout = REPO_ROOT / "templates"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(importlib.resources.files("opsctl._templates")))
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,  # a missing variable is an error, not an empty string
+        keep_trailing_newline=True,
+        trim_blocks=True,  # Ansible's template module defaults
+    )
+
+
+def render(template: str, variables: dict[str, Any]) -> str:
+    """Render one template (file name inside templates/) with `variables`."""
+    return _environment().get_template(template).render(**variables)
+
+
+def role_settings(**overrides: Any) -> dict[str, Any]:
+    """The sglang role's defaults and derived vars, with `overrides` applied.
+
+    Mirrors what Ansible does for this role: defaults, then the inventory (here: overrides),
+    then vars/main.yml, whose `__`-prefixed entries are Jinja expressions of the others.
+    """
+    settings = yaml.safe_load(ROLE_DEFAULTS.read_text())
+    settings.update(overrides)
+    env = _environment()
+    for name, expression in yaml.safe_load(ROLE_VARS.read_text()).items():
+        settings[name] = _evaluate(env, expression, settings)
+    return settings
+
+
+def _evaluate(env: jinja2.Environment, expression: Any, settings: dict[str, Any]) -> Any:
+    if not isinstance(expression, str) or "{{" not in expression:
+        return expression
+    inner = expression.strip()
+    if inner.startswith("{{") and inner.endswith("}}"):
+        # A whole-value expression keeps its type (a list stays a list), as in Ansible.
+        return env.compile_expression(inner[2:-2].strip())(**settings)
+    return env.from_string(expression).render(**settings)
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """KEY=VALUE lines of a systemd EnvironmentFile (comments and blanks skipped)."""
+    values = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        values[key.strip()] = value.strip().strip('"')
+    return values
+
+
+def exec_start_argv(unit_text: str, environment: dict[str, str]) -> list[str]:
+    """The ExecStart command line of a rendered unit, with ${VAR} expanded as systemd does."""
+    joined = unit_text.replace("\\\n", " ")
+    match = re.search(r"^ExecStart=(.*)$", joined, flags=re.MULTILINE)
+    if match is None:
+        raise ValueError("the unit has no ExecStart= line")
+
+    def expand(var: re.Match[str]) -> str:
+        return environment.get(var.group(1) or var.group(2), "")
+
+    command = re.sub(r"\$\{(\w+)\}|\$(\w+)", expand, match.group(1))
+    return shlex.split(command)
+
+
+def engine_argv(**overrides: Any) -> list[str]:
+    """The SGLang flags the rendered unit passes to the engine (everything after the image)."""
+    settings = role_settings(**overrides)
+    environment = parse_env_file(render("sglang.env.j2", settings))
+    argv = exec_start_argv(render("sglang.service.j2", settings), environment)
+    return argv[argv.index(settings["sglang_image"]) + 1 :]

@@ -1,0 +1,68 @@
+"""The engine unit as systemd sees it (`systemctl show`), and actions on it."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from datetime import datetime, timezone
+
+_PROPERTIES = ["ActiveState", "SubState", "NRestarts", "ActiveEnterTimestamp", "ExecMainStartTimestamp",
+               "MainPID", "ExecMainStatus", "Result", "UnitFileState", "LoadState"]
+
+
+@dataclasses.dataclass
+class UnitState:
+    name: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    result: str
+    restarts: int
+    main_pid: int
+    exit_status: int
+    enabled: str
+    active_since: datetime | None
+
+    @property
+    def uptime_s(self) -> float | None:
+        if self.active_state != "active" or self.active_since is None:
+            return None
+        return (datetime.now(timezone.utc) - self.active_since).total_seconds()
+
+
+def _parse_timestamp(text: str) -> datetime | None:
+    # systemd prints e.g. "Sun 2026-11-29 13:40:01 UTC"; empty or "n/a" when never active.
+    parts = text.split()
+    if len(parts) < 3:
+        return None
+    try:
+        stamp = datetime.strptime(" ".join(parts[1:3]), "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return None
+    return stamp.replace(tzinfo=timezone.utc) if parts[3:4] == ["UTC"] else stamp.astimezone(timezone.utc)
+
+
+def unit_state(unit: str) -> UnitState:
+    """Read the unit's state; raises FileNotFoundError where there is no systemctl."""
+    out = subprocess.run(["systemctl", "show", unit, "--no-pager", *(f"--property={p}" for p in _PROPERTIES)],
+                         capture_output=True, text=True, check=False, timeout=10).stdout
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def number(key: str) -> int:
+        try:
+            return int(props.get(key, "0") or 0)
+        except ValueError:
+            return 0
+
+    return UnitState(
+        name=unit,
+        load_state=props.get("LoadState", "unknown"),
+        active_state=props.get("ActiveState", "unknown"),
+        sub_state=props.get("SubState", "unknown"),
+        result=props.get("Result", ""),
+        restarts=number("NRestarts"),
+        main_pid=number("MainPID"),
+        exit_status=number("ExecMainStatus"),
+        enabled=props.get("UnitFileState", ""),
+        active_since=_parse_timestamp(props.get("ActiveEnterTimestamp", "")),
+    )

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install everything the lab and the tests need, from nothing, on a Debian machine:
+# Debian packages, a running Docker engine, and the project's venv (.venv).
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { echo "[bootstrap] $*" >&2; }
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+need_pkgs=()
+command -v docker >/dev/null || need_pkgs+=(docker.io)
+command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+command -v rsync >/dev/null || need_pkgs+=(rsync)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    say "apt-get install ${need_pkgs[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+    if [ -d /run/systemd/system ]; then
+        $SUDO systemctl start docker
+    else
+        say "starting dockerd (log: /var/log/dockerd.log)"
+        $SUDO sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
+    fi
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    docker info >/dev/null 2>&1 || { say "the Docker engine did not start: see /var/log/dockerd.log"; exit 1; }
+fi
+
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -e "$stamp" ]; then
+    say "creating .venv with the project and its dev tools"
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    .venv/bin/pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    .venv/bin/python -c 'import opsctl, ansible, molecule, testinfra' || { say "venv install failed"; exit 1; }
+    touch "$stamp"
+fi
+say "ready: docker $(docker version --format '{{.Server.Version}}'), $(.venv/bin/ansible --version | head -1)"

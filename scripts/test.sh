@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The tests, from nothing: installs what they need (scripts/bootstrap.sh), builds the lab images
+# and the real-SGLang parser venv, then runs pytest over every tier that needs no GPU: unit,
+# engine simulator, real-SGLang parser, kernel AOT build, lint, lab integration and molecule.
+# Extra arguments go to pytest, e.g. scripts/test.sh -m "not molecule" -x
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+scripts/bootstrap.sh
+lab/build-images.sh
+scripts/sglang-real-env.sh .venv-sglang
+echo "[test] setup took $(( $(date +%s) - t0 )) s" >&2
+exec .venv/bin/python -m pytest -m "not gpu and not image" "$@"

@@ -1,0 +1,217 @@
+"""OOM/crash analysis: parsing every format, classification, recommendations, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from opsctl import oom, planner
+from opsctl.commands.oom import oom as oom_command
+from opsctl.model_shapes import preset
+from opsctl.startup_log import EngineConfig, last_sized_startup
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oom"
+MIB, GIB = 1 << 20, 1 << 30
+
+
+def _lines(name: str) -> list[str]:
+    return (FIXTURES / name).read_text(errors="replace").splitlines()
+
+
+def test_seed_excerpt_truncated_oom_is_an_activation_spike_at_094():
+    [incident] = oom.analyze(_lines("seed_journal.log"), EngineConfig(mem_fraction_static=0.94))
+    assert (incident.kind, incident.classification, incident.truncated) == ("cuda_oom", oom.ACTIVATION_SPIKE, True)
+    assert (incident.time, incident.host, incident.pid, incident.tp_rank, incident.gpu) == (
+        "2026-05-31 10:05:32", "dflash-train", 10990, 0, 0)
+    assert incident.tried_bytes == 896 * MIB
+    assert incident.free_bytes == round(893.38 * MIB)
+    assert incident.total_bytes == round(94.97 * GIB)
+    assert incident.in_use_bytes == round(93.40 * GIB)
+    assert incident.other_processes == {10973: 700 * MIB}
+    assert incident.reserved_unallocated_bytes is None
+    assert len(incident.lines) == 2
+    rec = incident.recommendation
+    assert [(s.fraction, s.chunk, s.expandable_segments) for s in rec.settings] == [(0.93, 4096, True), (0.94, 4096, True)]
+    assert "2.62 MiB shortfall" in rec.settings[1].why
+
+
+def test_seed_excerpt_pasted_on_one_line_gives_the_same_incident():
+    flat = "=== recent errors === " + " ".join(_lines("seed_journal.log"))
+    [incident] = oom.analyze([flat], EngineConfig(mem_fraction_static=0.94))
+    assert (incident.tried_bytes, incident.free_bytes, incident.classification) == (
+        896 * MIB, round(893.38 * MIB), oom.ACTIVATION_SPIKE)
+
+
+def test_seed_recommendation_checked_by_the_planner():
+    [incident] = oom.analyze(_lines("seed_node.log"))
+    assert incident.config.mem_fraction_static == 0.94 and incident.config.chunked_prefill_size == 8192
+    assert incident.phase == "serving" and incident.engine_killed
+    base = planner.PlanInputs(gpu=planner.GpuSpec(94.97, 1.56), shape=preset("kimi-k2.6"), weights_gib=74.29, tp=8)
+    facts_only = planner.calibrate_from_startup(base, last_sized_startup(_lines("startup_093.log")))
+    rec = oom.recommend(incident, facts_only, context_target=200_000)
+    assert [(s.fraction, s.chunk, s.tokens, s.meets_target, s.safe) for s in rec.settings] == [
+        (0.93, 4096, 195_011, False, True),
+        (0.94, 4096, 208_782, True, True),
+    ]
+    assert "0.93 holds 195,011 tokens, 97.5% of the 200,000 target" in rec.notes
+
+
+def test_full_current_message_with_fragmentation():
+    [incident] = oom.analyze(_lines("oom_current.log"))
+    assert (incident.kind, incident.classification, incident.truncated, incident.phase) == (
+        "cuda_oom", oom.FRAGMENTATION, False, "serving")
+    assert incident.allocated_bytes == round(90.12 * GIB)
+    assert incident.private_pool_bytes == round(1.20 * GIB)
+    assert incident.reserved_unallocated_bytes == round(1.40 * GIB)
+    assert (incident.config.mem_fraction_static, incident.config.chunked_prefill_size) == (0.94, 8192)
+    assert incident.engine_killed
+    assert [(s.fraction, s.chunk, s.expandable_segments) for s in incident.recommendation.settings] == [
+        (0.94, 8192, True), (0.93, 8192, True)]
+
+
+def test_fragmentation_not_claimed_when_expandable_segments_already_on():
+    [incident] = oom.analyze(_lines("oom_current.log"), EngineConfig(expandable_segments=True))
+    assert incident.classification == oom.ACTIVATION_SPIKE
+
+
+def test_older_runtime_error_form():
+    [incident] = oom.analyze(_lines("oom_old.log"))
+    assert (incident.kind, incident.gpu, incident.tp_rank, incident.pid) == ("cuda_oom", 2, 2, 4411)
+    assert incident.tried_bytes == 448 * MIB
+    assert incident.total_bytes == round(94.97 * GIB)
+    assert incident.free_bytes == round(301.25 * MIB)
+    assert incident.allocated_bytes == round(90.50 * GIB)
+    assert incident.reserved_unallocated_bytes == round(92.88 * GIB) - round(90.50 * GIB)
+    assert incident.classification == oom.FRAGMENTATION and incident.engine_killed
+    # No fraction in view; the chunk defaults to SGLang's for a 94.97 GiB GPU.
+    assert incident.recommendation.settings[0].chunk == 8192 and incident.recommendation.settings[0].fraction is None
+
+
+def test_kv_pool_full_and_prefill_oom_are_kv_pool_not_fraction_cuts():
+    incidents = oom.analyze(_lines("kv_pool.log"), EngineConfig(mem_fraction_static=0.93))
+    assert [(i.kind, i.classification) for i in incidents] == [
+        ("kv_pool_full", oom.KV_POOL), ("prefill_oom", oom.KV_POOL)]
+    assert incidents[0].detail == "KV cache pool is full; 3 requests retracted"
+    assert incidents[1].detail == "Prefill out of memory. Try to lower your batch size. Try to allocate 8192 tokens."
+    assert incidents[1].recommendation.settings[0].fraction == 0.94
+
+
+def test_kernel_oom_killer_is_host_memory():
+    [incident] = oom.analyze(_lines("kernel_oom.log"))
+    assert (incident.kind, incident.classification, incident.engine_killed) == ("kernel_oom_kill", oom.HOST_MEMORY, True)
+    assert incident.detail == "kernel OOM killer killed process 1234 (python3), anon-rss 480.00 GiB"
+    assert incident.recommendation.settings == []
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "detail"),
+    [
+        ("illegal_access.log", "illegal_memory_access", "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"),
+        ("nccl.log", "nccl_error", "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3"),
+    ],
+)
+def test_non_memory_crashes(name, kind, detail):
+    [incident] = oom.analyze(_lines(name))
+    assert (incident.kind, incident.classification, incident.detail) == (kind, oom.NOT_MEMORY, detail)
+    assert incident.recommendation.action == "not a memory problem: leave --mem-fraction-static as it is"
+
+
+def test_other_scheduler_exception_and_lone_sigquit():
+    incidents = oom.analyze([
+        "[2026-05-01 00:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "x.py", line 1, in f',
+        "ValueError: bad request shape",
+        "[2026-05-01 00:00:01] Received sigquit from a child process. It usually means the child failed.",
+        "[2026-05-02 00:00:01] Received sigquit from a child process. It usually means the child failed.",
+    ])
+    assert [(i.kind, i.classification, i.detail) for i in incidents] == [
+        ("scheduler_exception", oom.NOT_MEMORY, "ValueError: bad request shape"),
+        ("killed", oom.UNKNOWN, "SIGQUIT: a child process failed (no cause in view)"),
+    ]
+
+
+def test_startup_oom_and_no_kv_memory():
+    incidents = oom.analyze([
+        "[2026-05-01 00:00:00] server_args=ServerArgs(mem_fraction_static=0.97, chunked_prefill_size=8192)",
+        "[2026-05-01 00:00:05 TP0] Load weight begin. avail mem=93.41 GB",
+        "[2026-05-01 00:00:09 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 94.97 GiB of which 1.00 GiB is free.",
+        "[2026-05-01 01:00:00] server_args=ServerArgs(mem_fraction_static=0.70, chunked_prefill_size=8192)",
+        "[2026-05-01 01:00:09 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.7. Raise --mem-fraction-static above 0.796 (minimum viable = 1 - available/pre = 0.7953). If using speculative decoding, draft weights are now counted.",
+    ])
+    assert [(i.kind, i.classification, i.phase) for i in incidents] == [
+        ("cuda_oom", oom.STARTUP, "startup"), ("startup_no_kv_memory", oom.STARTUP, "startup")]
+    assert incidents[0].recommendation.settings[0].fraction == 0.96
+    assert incidents[1].recommendation.settings[0].fraction == 0.796
+
+
+def test_garbage_and_truncated_lines_never_crash():
+    incidents = oom.analyze(_lines("garbage.log"))
+    assert [(i.kind, i.tried_bytes) for i in incidents] == [("cuda_oom", 896 * MIB), ("cuda_oom", None)]
+    assert all(i.truncated for i in incidents)
+    assert oom.analyze(["", "]]]", "\x00", "May 31", "[2026-"]) == []
+
+
+def test_scanner_yields_incidents_as_they_complete():
+    scanner = oom.OomScanner(EngineConfig(mem_fraction_static=0.94))
+    first, second = _lines("seed_journal.log")
+    assert scanner.feed(first) == [] and scanner.feed(second) == []
+    [done] = scanner.feed("May 31 10:05:33 dflash-train python[10990]: [2026-05-31 10:05:33 TP0] next record")
+    assert done.tried_bytes == 896 * MIB
+    assert scanner.flush() == []
+
+
+def test_read_journal_without_journalctl(monkeypatch):
+    monkeypatch.setattr(oom.shutil, "which", lambda name: None)
+    with pytest.raises(oom.JournalError, match="journalctl not found"):
+        list(oom.read_journal("sglang.service"))
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_seed_file_exit_1_and_text():
+    result = CliRunner().invoke(oom_command, ["--file", str(FIXTURES / "seed_journal.log"), "--mem-fraction-static", "0.94"],
+                                terminal_width=200)
+    assert result.exit_code == 1
+    assert "tried 896.00 MiB, free 893.38 MiB of 94.97 GiB" in result.output
+    assert "recommend --mem-fraction-static 0.93 + --chunked-prefill-size 4096 + expandable_segments:True" in result.output
+    assert "or --mem-fraction-static 0.94 + --chunked-prefill-size 4096 + expandable_segments:True" in result.output
+
+
+def test_cli_json_from_stdin():
+    import json
+
+    result = CliRunner().invoke(oom_command, ["--file", "-", "--json"], input=(FIXTURES / "oom_old.log").read_text())
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["count"] == 1 and data["incidents"][0]["tried_bytes"] == 448 * MIB
+
+
+def test_cli_nothing_found_exit_0():
+    result = CliRunner().invoke(oom_command, ["--file", "-"], input="[2026-05-31 10:00:00] all good\n")
+    assert result.exit_code == 0 and "No OOMs or crashes found." in result.output
+
+
+def test_cli_usage_errors():
+    runner = CliRunner()
+    missing = runner.invoke(oom_command, ["--file", "/nonexistent/x.log"])
+    assert missing.exit_code == 2 and "cannot read /nonexistent/x.log" in missing.output
+    both = runner.invoke(oom_command, ["--file", "-", "--since", "1 hour ago"], input="")
+    assert both.exit_code == 2 and "--since applies to the journal only" in both.output
+    fraction = runner.invoke(oom_command, ["--file", "-", "--mem-fraction-static", "1.5"], input="")
+    assert fraction.exit_code == 2
+
+
+def test_cli_journal_failure(monkeypatch):
+    def fail(unit, since=None):
+        raise oom.JournalError("journalctl not found; read a saved log with --file PATH (or - for stdin)")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(oom, "read_journal", fail)
+    result = CliRunner().invoke(oom_command, [])
+    assert result.exit_code == 1
+    assert "Error: journalctl not found; read a saved log with --file PATH (or - for stdin)" in result.output
