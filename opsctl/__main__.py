@@ -1,3 +1,3 @@
-from opsctl.cli import cli
+from opsctl.cli import main
 
-cli()
+main()

@@ -2,20 +2,43 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from opsctl import __version__
+from opsctl import __version__, remote
+from opsctl.commands.bench import bench
 from opsctl.commands.oom import oom
 from opsctl.commands.plan import plan
+from opsctl.commands.restart import overrides, restart_command
 from opsctl.commands.status import status
 
 
 @click.group()
 @click.version_option(__version__, prog_name="opsctl")
-def cli() -> None:
-    """Operate an SGLang DFlash/DDTree server: status, restarts, OOM analysis, planning."""
+@click.option("-H", "--host", "host", metavar="TARGET",
+              help="Run on a node: docker://CONTAINER or ssh://[USER@]HOST[:PORT] (before the command).")
+@click.option("-i", "--inventory", metavar="PATH", help="Ansible inventory to find the -l host in.")
+@click.option("-l", "--limit", metavar="HOST", help="The inventory host to run on.")
+def cli(host: str | None, inventory: str | None, limit: str | None) -> None:
+    """Operate an SGLang DFlash/DDTree server: status, restarts, OOM analysis, planning.
+
+    Runs on the node itself, or from an operator's machine with -H or -i/-l, which hand the
+    command to the node's opsctl (over `docker exec` or ssh) and return its output and exit code.
+    """
 
 
 cli.add_command(status)
+cli.add_command(bench)
 cli.add_command(oom)
 cli.add_command(plan)
+cli.add_command(restart_command)
+cli.add_command(overrides)
+
+
+def main() -> None:
+    """Entry point: hand the command to a node when a target is given, else run it here."""
+    target, rest = remote.split_target_args(sys.argv[1:])
+    if target:
+        sys.exit(remote.run_remote(target, rest))
+    cli()

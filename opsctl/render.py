@@ -7,7 +7,6 @@ check what the unit really passes to SGLang.
 
 from __future__ import annotations
 
-import importlib.resources
 import re
 import shlex
 from pathlib import Path
@@ -26,7 +25,8 @@ def templates_dir() -> Path:
     checkout = REPO_ROOT / "templates"
     if checkout.is_dir():
         return checkout
-    return Path(str(importlib.resources.files("opsctl._templates")))
+    # Installed: pyproject.toml ships templates/ as the package data folder opsctl/_templates.
+    return Path(__file__).resolve().parent / "_templates"
 
 
 def _environment() -> jinja2.Environment:

@@ -1,0 +1,174 @@
+"""`opsctl restart` and `opsctl overrides`: change the tuned values through one safe path.
+
+Exit codes: 0 the engine serves on the new values; 1 the change failed and was rolled back
+(the engine serves on the old values again); 2 usage errors or a refusal by the planner;
+3 the change failed and so did the rollback: the engine is down, act now.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from opsctl.config import load_config
+from opsctl.envfiles import effective_config
+from opsctl.oom import read_journal
+from opsctl.output import console, err_console, print_json
+from opsctl.overrides import TunedValues, read_overrides
+from opsctl.restart import RestartOutcome, StartReport, restart, usual_start_seconds
+
+EXIT_ROLLED_BACK, EXIT_REFUSED, EXIT_DOWN = 1, 2, 3
+
+
+class _Progress:
+    """One line per phase on stderr; on a terminal, a live line with elapsed time and the estimate."""
+
+    def __init__(self, usual_s: float | None):
+        self.usual = f", usually ready after ~{usual_s:.0f} s" if usual_s else ""
+        self.phase = None
+        self.status = err_console.status("") if err_console.is_terminal else None
+        if self.status:
+            self.status.start()
+
+    def __call__(self, phase: str, elapsed: float) -> None:
+        if self.status:
+            self.status.update(f"{phase}: {elapsed:.0f} s{self.usual}")
+        elif phase != self.phase:
+            err_console.print(f"  {phase} (+{elapsed:.0f} s{self.usual})")
+        self.phase = phase
+
+    def stop(self) -> None:
+        if self.status:
+            self.status.stop()
+
+
+def _journal_lines() -> list[str]:
+    try:
+        return list(read_journal(load_config().unit))
+    except Exception:  # noqa: BLE001 - the planner check is skipped, not the restart
+        return []
+
+
+def _explain(report: StartReport) -> None:
+    err_console.print(f"[red]{report.reason}[/red] after {report.seconds:.0f} s")
+    for incident in report.incidents():
+        advice = f" -> {incident.recommendation.action}" if incident.recommendation else ""
+        err_console.print(f"  {incident.kind} ({incident.classification}){advice}", soft_wrap=True)
+    excerpt = report.journal[-15:]
+    if excerpt:
+        err_console.print("  journal:")
+        for line in excerpt:
+            err_console.print(f"    {line}", soft_wrap=True, markup=False)
+
+
+def _outcome_json(outcome: RestartOutcome) -> dict:
+    def report(r: StartReport | None) -> dict | None:
+        return None if r is None else {"ok": r.ok, "reason": r.reason, "seconds": round(r.seconds, 1),
+                                       "phase": r.phase, "journal_tail": r.journal[-15:]}
+    return {"ok": outcome.ok, "rolled_back": outcome.rolled_back, "from": outcome.before, "to": outcome.after,
+            "attempt": report(outcome.attempt), "rollback": report(outcome.rollback)}
+
+
+def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: float | None, wait_lock_s: float,
+                json_: bool, replace: bool = False) -> None:
+    config = load_config()
+    budget = budget_s or config.start_timeout_s
+    progress = _Progress(usual_start_seconds(config))
+    err_console.print(f"restarting {config.unit} ({reason})")
+    try:
+        outcome = restart(config, requested, reason=reason, force=force, budget_s=budget, wait_lock_s=wait_lock_s,
+                          progress=progress, replace=replace, journal_lines=_journal_lines)
+    except click.ClickException as error:
+        progress.stop()
+        error.exit_code = EXIT_REFUSED
+        raise
+    progress.stop()
+    if json_:
+        print_json(_outcome_json(outcome))
+    if outcome.ok:
+        err_console.print(f"[green]healthy[/green] on {outcome.after} after {outcome.attempt.seconds:.0f} s")
+        return
+    _explain(outcome.attempt)
+    assert outcome.rollback is not None
+    if outcome.rollback.ok:
+        err_console.print(f"rolled back to {outcome.before}: healthy again after {outcome.rollback.seconds:.0f} s")
+        sys.exit(EXIT_ROLLED_BACK)
+    err_console.print("[bold red]the rollback failed too: the engine is down[/bold red]")
+    _explain(outcome.rollback)
+    sys.exit(EXIT_DOWN)
+
+
+_common = [
+    click.option("--reason", default="operator request", show_default=True, help="Recorded in the history."),
+    click.option("--start-budget", "budget_s", type=click.FloatRange(min=1), default=None,
+                 help="Seconds the engine gets to become healthy [default: the node's start timeout]."),
+    click.option("--wait-lock", "wait_lock_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                 help="Seconds to wait for another change in progress to finish."),
+    click.option("--json", "json_", is_flag=True, help="Print the outcome as JSON."),
+]
+
+
+def common_options(func):
+    for option in reversed(_common):
+        func = option(func)
+    return func
+
+
+@click.command("restart")
+@click.option("--fraction", type=float, help="--mem-fraction-static, strictly between 0 and 1.")
+@click.option("--chunked-prefill-size", "chunk", type=int, help="Prefill chunk in tokens (-1: no chunking).")
+@click.option("--expandable-segments/--no-expandable-segments", default=None,
+              help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the engine.")
+@click.option("--force", is_flag=True, help="Apply values the memory planner refuses.")
+@common_options
+def restart_command(fraction, chunk, expandable_segments, force, reason, budget_s, wait_lock_s, json_) -> None:
+    """Restart the engine, optionally on new tuned values; roll back if it does not come up.
+
+    Values given here are written to the override file (other overrides stay); the restart is
+    health-gated and followed in the journal. Exit 0 healthy, 1 rolled back, 2 refused, 3 down.
+    """
+    run_restart(TunedValues(fraction, chunk, expandable_segments), reason, force, budget_s, wait_lock_s, json_)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--json", "json_", is_flag=True, help="Print the overrides as JSON.")
+@click.pass_context
+def overrides(ctx: click.Context, json_: bool) -> None:
+    """Show opsctl's overrides of the Ansible values (`overrides clear` removes them)."""
+    if ctx.invoked_subcommand:
+        return
+    config = load_config()
+    effective = effective_config(config.env_file, config.override_env_file)
+    if json_:
+        print_json({"file": str(config.override_env_file), "overrides": read_overrides(config.override_env_file),
+                    "effective": {s.name: s for s in effective.settings()}})
+        return
+    active = [s for s in effective.settings() if s.source == "override"]
+    if not active:
+        console.print(f"no overrides: the values of {config.env_file} are in force")
+    for setting in active:
+        console.print(f"{setting.name} = {setting.value} (Ansible: {setting.ansible_value})")
+
+
+@overrides.command("clear")
+@click.option("--no-restart", is_flag=True, help="Only rewrite the file; the engine keeps its values until restarted.")
+@common_options
+def overrides_clear(no_restart, reason, budget_s, wait_lock_s, json_) -> None:
+    """Remove every override and restart on the Ansible values (rolled back if that fails)."""
+    if no_restart:
+        from opsctl.locking import engine_lock
+        from opsctl.overrides import render_overrides, write_override_text
+        from opsctl.state import actor, append_record
+
+        config = load_config()
+        with engine_lock(config.state_dir, f"{actor()}: overrides clear", wait_lock_s):
+            write_override_text(config.override_env_file,
+                                render_overrides(TunedValues(), config.env_file, actor(), reason))
+            append_record(config.state_dir / "history.jsonl",
+                          {"event": "overrides-clear", "outcome": "written", "actor": actor(), "reason": reason,
+                           "time_written": time.time()})
+        err_console.print("overrides cleared; restart the engine to apply")
+        return
+    run_restart(TunedValues(), reason, True, budget_s, wait_lock_s, json_, replace=True)

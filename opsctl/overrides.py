@@ -1,0 +1,70 @@
+"""opsctl's override file: the tuned values it changed, rendered from templates/."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import click
+
+from opsctl.envfiles import ALLOC_CONF, CHUNK, FRACTION, read_env
+from opsctl.render import render
+from opsctl.startup_log import expandable_segments_from_env
+from opsctl.state import atomic_write
+
+
+@dataclasses.dataclass(frozen=True)
+class TunedValues:
+    """Values to override; None leaves Ansible's value in force."""
+
+    mem_fraction_static: float | None = None
+    chunked_prefill_size: int | None = None
+    expandable_segments: bool | None = None
+
+    def is_empty(self) -> bool:
+        return all(value is None for value in dataclasses.astuple(self))
+
+    def merged_over(self, base: TunedValues) -> TunedValues:
+        """These values where set, else `base`'s."""
+        return TunedValues(*(mine if mine is not None else theirs
+                             for mine, theirs in zip(dataclasses.astuple(self), dataclasses.astuple(base))))
+
+
+def validate(values: TunedValues) -> None:
+    """Reject values SGLang would refuse or that make no sense, with what to use instead."""
+    fraction = values.mem_fraction_static
+    if fraction is not None and not 0 < fraction < 1:
+        raise click.BadParameter(f"{fraction} is not a fraction: use a value strictly between 0 and 1 "
+                                 "(the seed's node runs 0.93)", param_hint="--fraction")
+    chunk = values.chunked_prefill_size
+    if chunk is not None and chunk != -1 and chunk <= 0:
+        raise click.BadParameter(f"{chunk} is not a chunk size: use a positive token count (e.g. 4096) "
+                                 "or -1 to disable chunked prefill", param_hint="--chunked-prefill-size")
+
+
+def values_in(env: dict[str, str]) -> TunedValues:
+    """The tuned values an environment file sets."""
+    return TunedValues(
+        mem_fraction_static=float(env[FRACTION]) if FRACTION in env else None,
+        chunked_prefill_size=int(env[CHUNK]) if CHUNK in env else None,
+        expandable_segments=expandable_segments_from_env(env.get(ALLOC_CONF)),
+    )
+
+
+def read_overrides(path: Path) -> TunedValues:
+    return values_in(read_env(path))
+
+
+def render_overrides(values: TunedValues, env_file: Path, written_by: str, reason: str) -> str:
+    return render("sglang-override.env.j2", {
+        **dataclasses.asdict(values),
+        "env_file": env_file,
+        "written_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "written_by": written_by,
+        "reason": reason,
+    })
+
+
+def write_override_text(path: Path, text: str) -> None:
+    atomic_write(path, text, mode=0o644)

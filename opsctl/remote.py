@@ -1,0 +1,66 @@
+"""Run opsctl on a node from an operator's machine: the node's own opsctl does the work.
+
+`opsctl -H docker://dflash-train status`, `opsctl -H ssh://ops@gpu-host restart --fraction 0.93`, or
+`opsctl -i ansible/inventories/production -l dflash-train status` (the connection comes from the
+inventory, through `ansible-inventory`). The node reads its own journal, unit and files, so a
+command behaves the same from anywhere; its output and exit code come back unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from urllib.parse import urlparse
+
+import click
+
+TARGET_OPTIONS = {"-H": "host", "--host": "host", "-i": "inventory", "--inventory": "inventory",
+                  "-l": "limit", "--limit": "limit"}
+
+
+def split_target_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Take the target options that come before the command name; return them and the rest."""
+    target: dict[str, str] = {}
+    rest = list(argv)
+    while rest and rest[0] in TARGET_OPTIONS:
+        flag = rest.pop(0)
+        if not rest:
+            raise click.UsageError(f"{flag} needs a value")
+        target[TARGET_OPTIONS[flag]] = rest.pop(0)
+    return target, rest
+
+
+def _from_inventory(inventory: str, host: str) -> str:
+    result = subprocess.run(["ansible-inventory", "-i", inventory, "--host", host],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise click.ClickException(f"host {host} not found in {inventory}: {result.stderr.strip().splitlines()[-1:]}")
+    hostvars = json.loads(result.stdout)
+    address = hostvars.get("ansible_host", host)
+    if hostvars.get("ansible_connection", "ssh").endswith("docker"):
+        return f"docker://{address}"
+    user = hostvars.get("ansible_user")
+    port = hostvars.get("ansible_port")
+    return f"ssh://{user + '@' if user else ''}{address}{':' + str(port) if port else ''}"
+
+
+def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
+    """The local command that runs `opsctl ARGS` on the target node."""
+    if "limit" in target and "inventory" not in target:
+        raise click.UsageError("-l/--limit needs -i/--inventory")
+    url = target.get("host") or _from_inventory(target["inventory"], target.get("limit", ""))
+    parsed = urlparse(url if "://" in url else f"ssh://{url}")
+    if parsed.scheme == "docker":
+        tty = ["--tty"] if sys.stdout.isatty() else []
+        return ["docker", "exec", "--interactive", *tty, parsed.netloc, "opsctl", *args]
+    if parsed.scheme == "ssh":
+        port = ["-p", str(parsed.port)] if parsed.port else []
+        login = f"{parsed.username}@{parsed.hostname}" if parsed.username else parsed.hostname
+        return ["ssh", *port, login, "opsctl " + shlex.join(args)]
+    raise click.UsageError(f"unknown target {url!r}: use docker://CONTAINER or ssh://[USER@]HOST[:PORT]")
+
+
+def run_remote(target: dict[str, str], args: list[str]) -> int:
+    return subprocess.call(remote_command(target, args))

@@ -1,0 +1,199 @@
+"""Change the tuned values and restart the engine, health-gated, with rollback.
+
+The one path every engine change takes (`opsctl restart`, `opsctl overrides clear`, the guard):
+validate, take the engine lock, write the override file atomically, restart, follow the journal
+until the unit is active (its ExecStartPost waits for /health) or the engine dies or misses its
+budget; on failure put the previous override file back, restart and verify. Every step is
+appended to the history file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from opsctl import journal, oom, planner
+from opsctl.config import NodeConfig
+from opsctl.envfiles import read_env
+from opsctl.locking import engine_lock
+from opsctl.model_shapes import preset
+from opsctl.overrides import TunedValues, render_overrides, validate, values_in, write_override_text
+from opsctl.state import actor, append_record, read_records
+from opsctl.systemd import unit_state
+
+# Journal markers of the startup phases, in order (SGLang's own lines).
+PHASES = [
+    ("Load weight begin", "loading weights"),
+    ("KV Cache is allocated", "allocating the KV pool"),
+    ("graph begin", "capturing CUDA graphs"),
+    ("The server is fired up", "ready"),
+]
+# Lines after which the engine is dead, whatever systemd says yet.
+FATAL_MARKERS = ("Scheduler hit an exception", "Received sigquit", "SIGQUIT received",
+                 "launch_server.py: error:", "Loaded weights leave no GPU memory")
+
+
+def history_file(config: NodeConfig) -> Path:
+    return config.state_dir / "history.jsonl"
+
+
+@dataclasses.dataclass
+class StartReport:
+    ok: bool
+    reason: str
+    seconds: float
+    phase: str
+    journal: list[str]
+
+    def incidents(self) -> list[oom.Incident]:
+        return oom.analyze(self.journal)
+
+
+@dataclasses.dataclass
+class RestartOutcome:
+    ok: bool
+    rolled_back: bool
+    attempt: StartReport
+    rollback: StartReport | None
+    before: TunedValues
+    after: TunedValues
+
+
+ProgressCallback = Callable[[str, float], None]
+
+
+def usual_start_seconds(config: NodeConfig) -> float | None:
+    """The median of earlier successful starts on this node, for the progress estimate."""
+    durations = [r["start_seconds"] for r in read_records(history_file(config))
+                 if r.get("outcome") == "ok" and r.get("start_seconds")]
+    return statistics.median(durations[-10:]) if durations else None
+
+
+def _systemctl(*args: str) -> None:
+    result = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False, timeout=30)
+    if result.returncode != 0:
+        raise click.ClickException(f"systemctl {' '.join(args)} failed: {result.stderr.strip()}")
+
+
+def _rest_of_crash(unit: str, follower: journal.JournalFollower, wait_s: float = 5.0) -> list[str]:
+    """The traceback's remaining lines: read until the engine process is gone (or `wait_s`)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        lines.extend(follower.new_lines())
+        if unit_state(unit).sub_state not in ("start-post", "running", "start"):
+            lines.extend(follower.new_lines())
+            break
+    return lines
+
+
+def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallback) -> StartReport:
+    """Restart the unit and follow it until it serves, dies, or misses `budget_s`."""
+    started = time.monotonic()
+    seen: list[str] = []
+    phase = "stopping"
+    with journal.JournalFollower(config.unit, journal.cursor(config.unit)) as follower:
+        # A crash loop may have hit the unit's start limit; an explicit restart starts afresh.
+        _systemctl("reset-failed", config.unit)
+        _systemctl("restart", "--no-block", config.unit)
+        baseline = None
+        while True:
+            elapsed = time.monotonic() - started
+            for line in follower.new_lines():
+                seen.append(line)
+                phase = next((name for marker, name in PHASES if marker in line), phase)
+                if any(marker in line for marker in FATAL_MARKERS):
+                    seen.extend(_rest_of_crash(config.unit, follower))
+                    return StartReport(False, f"the engine crashed while {phase}", elapsed, phase, seen)
+            state = unit_state(config.unit)
+            if baseline is None and state.active_state in ("activating", "active"):
+                baseline = state.restarts
+            if state.active_state == "active":
+                # Active means the ExecStartPost health gate passed.
+                return StartReport(True, "healthy", elapsed, "ready", seen)
+            if state.active_state == "failed" or (baseline is not None and state.restarts > baseline):
+                return StartReport(False, f"the engine exited (status {state.exit_status}) while {phase}",
+                                   elapsed, phase, seen)
+            if elapsed > budget_s:
+                return StartReport(False, f"not healthy within the {budget_s:.0f} s start budget ({phase})",
+                                   elapsed, phase, seen)
+            progress(phase, elapsed)
+            time.sleep(0.25)
+
+
+def node_plan_inputs(config: NodeConfig, journal_lines: list[str]) -> planner.PlanInputs | None:
+    """The planner calibrated from this node's own engine starts, or None when it never logged one."""
+    base = planner.PlanInputs(gpu=planner.GpuSpec(total_gib=94.97), shape=preset(config.model_preset),
+                              weights_gib=0.0, tp=8)
+    try:
+        return planner.calibrate_from_log(journal_lines, base)
+    except planner.PlanError:
+        return None
+
+
+def check_plan(config: NodeConfig, target: TunedValues, inputs: planner.PlanInputs | None) -> list[str]:
+    """Why the planner refuses `target` (empty when it is fine or cannot be judged)."""
+    if inputs is None or target.mem_fraction_static is None:
+        return []
+    problems = []
+    fraction = target.mem_fraction_static
+    tokens = planner.max_total_num_tokens(fraction, inputs)
+    if tokens < config.context_target:
+        lowest = planner.lowest_fraction_for(config.context_target, inputs)
+        problems.append(f"at {fraction} the KV pool holds {tokens:,} tokens, {tokens / config.context_target:.1%} "
+                        f"of the {config.context_target:,}-token target"
+                        + (f"; the lowest fraction that holds it is {lowest:.3f}" if lowest else ""))
+    chunk = target.chunked_prefill_size
+    if chunk and chunk > 0 and not planner.is_safe(fraction, chunk, inputs,
+                                                   expandable=bool(target.expandable_segments)):
+        headroom = planner.headroom_bytes(fraction, inputs) / 2**30
+        spike = planner.required_headroom_bytes(chunk, inputs, expandable=bool(target.expandable_segments)) / 2**30
+        problems.append(f"at {fraction} the headroom is {headroom:.2f} GiB, less than the {spike:.2f} GiB "
+                        f"a {chunk}-token prefill chunk needs; use a smaller chunk or a lower fraction")
+    return problems
+
+
+def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: bool, budget_s: float,
+            wait_lock_s: float, progress: ProgressCallback, replace: bool = False,
+            journal_lines: Callable[[], list[str]] = lambda: []) -> RestartOutcome:
+    """Apply `requested` over the current overrides (or instead of them with `replace`) and restart."""
+    validate(requested)
+    ansible = values_in(read_env(config.env_file))
+    with engine_lock(config.state_dir, f"{actor()}: restart", wait_lock_s):
+        old_text = config.override_env_file.read_text() if config.override_env_file.exists() else ""
+        current = values_in(read_env(config.override_env_file))
+        overrides = requested if replace else requested.merged_over(current)
+        before, after = current.merged_over(ansible), overrides.merged_over(ansible)
+        if not force:
+            problems = check_plan(config, after, node_plan_inputs(config, journal_lines()))
+            if problems:
+                raise click.ClickException("the planner refuses this change: " + "; ".join(problems)
+                                           + ". Pass --force to apply it anyway.")
+        history = history_file(config)
+        change = {"actor": actor(), "reason": reason, "from": dataclasses.asdict(before),
+                  "to": dataclasses.asdict(after)}
+        append_record(history, {"event": "restart", "outcome": "started", **change})
+        write_override_text(config.override_env_file,
+                            render_overrides(overrides, config.env_file, actor(), reason))
+        attempt = start_and_wait(config, budget_s, progress)
+        if attempt.ok:
+            append_record(history, {"event": "restart", "outcome": "ok", "start_seconds": round(attempt.seconds, 1),
+                                    **change})
+            return RestartOutcome(True, False, attempt, None, before, after)
+
+        # Roll back: the previous override file, byte for byte, then the same health-gated start.
+        write_override_text(config.override_env_file, old_text)
+        append_record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
+                                "journal": attempt.journal[-40:], **change})
+        rollback = start_and_wait(config, budget_s, progress)
+        append_record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
+                                "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),
+                                "actor": actor(), "to": dataclasses.asdict(before)})
+        return RestartOutcome(False, True, attempt, rollback, before, after)

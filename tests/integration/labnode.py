@@ -1,0 +1,86 @@
+"""A lab node for integration tests: create it, provision it with the real playbook, drive it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def docker_available() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+def lab_images_built() -> bool:
+    return subprocess.run(["docker", "image", "inspect", "dflash-lab/node:bookworm"],
+                          capture_output=True, check=False).returncode == 0
+
+
+class LabNode:
+    def __init__(self, name: str, workdir: Path):
+        self.name = name
+        self.inventory = workdir / "inventory"
+
+    # -- lifecycle --------------------------------------------------------------------
+    def create(self) -> None:
+        subprocess.run([str(REPO / "lab" / "node.sh"), "create", self.name], check=True)
+        self.inventory.mkdir(parents=True, exist_ok=True)
+        (self.inventory / "hosts.yml").write_text(
+            f"dflash:\n  hosts:\n    {self.name}:\n      ansible_connection: community.docker.docker\n")
+        link = self.inventory / "group_vars"
+        if not link.exists():
+            link.symlink_to(REPO / "ansible" / "inventories" / "lab" / "group_vars")
+
+    def provision(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        """Run ansible/site.yml against this node; returns the finished process (output in stdout)."""
+        return subprocess.run(
+            [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(self.inventory), "site.yml",
+             "-l", self.name, *extra],
+            cwd=REPO / "ansible", capture_output=True, text=True, check=False)
+
+    def destroy(self) -> None:
+        subprocess.run([str(REPO / "lab" / "node.sh"), "destroy", self.name], check=False)
+
+    # -- driving it -------------------------------------------------------------------
+    def sh(self, command: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["docker", "exec", self.name, "bash", "-c", command],
+                              capture_output=True, text=True, check=check, timeout=timeout)
+
+    def opsctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.sh("opsctl " + shlex.join(args), timeout=timeout)
+
+    def status(self) -> tuple[int, dict]:
+        result = self.opsctl("status", "--json")
+        return result.returncode, json.loads(result.stdout)
+
+    def set_faults(self, **faults: object) -> None:
+        """Write the simulator's faults file (re-read by the engine every 0.5 s)."""
+        self.sh(f"mkdir -p /etc/sglang-sim && echo {shlex.quote(json.dumps(faults))} "
+                "> /etc/sglang-sim/faults.json.tmp && mv /etc/sglang-sim/faults.json.tmp /etc/sglang-sim/faults.json",
+                check=True)
+        time.sleep(1.0)
+
+    def generate(self, prompt_tokens: int, max_new_tokens: int = 4, timeout: float = 120) -> dict:
+        body = json.dumps({"input_ids": list(range(1000, 1000 + prompt_tokens)),
+                           "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}})
+        path = "/tmp/generate.json"
+        self.sh(f"cat > {path} <<'EOF'\n{body}\nEOF", check=True)
+        result = self.sh(f"curl -s -m {timeout} -X POST http://127.0.0.1:30000/generate "
+                         f"-H 'Content-Type: application/json' --data @{path}", timeout=timeout + 10)
+        return json.loads(result.stdout) if result.stdout.strip().startswith("{") else {"error": result.stdout}
+
+    def file(self, path: str) -> str:
+        return self.sh(f"cat {shlex.quote(path)} 2>/dev/null").stdout
+
+    def wait_for(self, predicate, timeout: float = 60, interval: float = 0.5):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"condition not met within {timeout} s")

@@ -1,0 +1,271 @@
+"""`opsctl bench` against the lab engine (images/engine-sim/sglang_sim), run as a subprocess.
+
+The simulator's timing model is pure functions in `sglang_sim.timing`; the truth below is
+computed from them (times the time factor), never from copied constants.
+BENCH_SIM_DIR points the tests at another copy of the simulator (default: images/engine-sim).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from opsctl.bench.client import BenchClient
+from opsctl.bench.runner import SweepObserver, SweepSettings, load_result, run_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_DIR = Path(os.environ.get("BENCH_SIM_DIR") or ROOT / "images" / "engine-sim")
+if not (SIM_DIR / "sglang_sim" / "timing.py").exists():
+    pytest.skip("the lab engine (images/engine-sim/sglang_sim) is not here", allow_module_level=True)
+sys.path.insert(0, str(SIM_DIR))
+from sglang_sim import timing  # noqa: E402
+
+# Accuracy runs: step times must be long against the event loop's ~1 ms timer granularity
+# and the per-chunk HTTP cost, or those, not the model, are what gets measured.
+ACCURACY_TIME_FACTOR = 0.25
+# Behaviour runs (cache, crash, resume): only the order of events matters.
+FAST_TIME_FACTOR = 0.01
+# The seed's server: Kimi K2.6, TP8, DFlash (accept length 1 unless SGLANG_SIM_ACCEPT_LENGTH).
+SEED_FLAGS = [
+    "--model-path",
+    "moonshotai/Kimi-K2.6",
+    "--tp",
+    "8",
+    "--speculative-algorithm",
+    "DFLASH",
+    "--speculative-draft-model-path",
+    "z-lab/Kimi-K2.6-DFlash",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sim:
+    """One simulator process; its stdout/stderr is the node's journal."""
+
+    def __init__(self, tmp: Path, flags: list[str], time_factor: float, env: dict | None = None) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"sim-{self.port}.log"
+        full_env = dict(
+            os.environ,
+            PYTHONPATH=str(SIM_DIR),
+            SGLANG_SIM_TIME_FACTOR=str(time_factor),
+            SGLANG_SIM_LOAD_SECONDS="0",
+            **(env or {}),
+        )
+        if "PYTORCH_CUDA_ALLOC_CONF" not in (env or {}):
+            full_env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        self._log_file = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang_sim", *SEED_FLAGS, "--port", str(self.port), *flags],
+            env=full_env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        with BenchClient(self.url) as c:
+            while not c.health().ok:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"simulator did not start:\n{self.log.read_text()[-2000:]}")
+                time.sleep(0.05)
+
+    def journal_excerpt(self) -> str:
+        lines = self.log.read_text(encoding="utf-8").splitlines()
+        start = next(
+            (i for i, line in enumerate(lines) if "Scheduler hit an exception" in line),
+            max(0, len(lines) - 15),
+        )
+        return "\n".join(lines[start : start + 40])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+
+
+@pytest.fixture
+def sim_factory(tmp_path):
+    sims: list[Sim] = []
+
+    def start(flags: list[str], time_factor: float = FAST_TIME_FACTOR, env: dict | None = None) -> Sim:
+        sims.append(Sim(tmp_path, flags, time_factor, env))
+        return sims[-1]
+
+    yield start
+    for s in sims:
+        s.stop()
+
+
+def _truth(prompt_tokens: int, gen: int, chunk: int, factor: float) -> dict:
+    """TTFT, mean step time and decode rate the simulator's model gives, in wall seconds."""
+    steps = [timing.decode_step_seconds(prompt_tokens + 1 + i) for i in range(gen - 1)]  # accept length 1
+    return {
+        "ttft_s": timing.prefill_seconds(prompt_tokens, 0, chunk) * factor,
+        "step_ms": sum(steps) / len(steps) * factor * 1e3,
+        "decode_tok_s": (gen - 1) / (sum(steps) * factor),
+    }
+
+
+def test_measured_rates_match_the_simulators_truth(sim_factory):
+    # No CUDA-graph capture: 31 model seconds of startup that this test does not need.
+    sim = sim_factory(
+        ["--mem-fraction-static", "0.93", "--chunked-prefill-size", "4096", "--disable-cuda-graph"],
+        ACCURACY_TIME_FACTOR,
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
+    contexts = [1400, 4000, 11000, 16000]
+    gen = 48
+    # Three repeats: the medians shrug off a neighbour process stealing the CPU for a moment.
+    with BenchClient(sim.url) as client:
+        result = run_sweep(SweepSettings(contexts=contexts, gen=gen, repeats=3), client)
+    assert result.complete
+    for p in result.points:
+        truth = _truth(int(p.prompt_tokens), gen, 4096, ACCURACY_TIME_FACTOR)
+        assert p.prompt_tokens == p.context_requested
+        assert [s.cached_tokens for s in p.samples] == [0, 0, 0]
+        # TTFT carries the HTTP round trip and request parsing (~3 ms here), as a user sees it.
+        assert p.ttft_s == pytest.approx(truth["ttft_s"], rel=0.04), p.context_requested
+        assert p.decode_tok_s == pytest.approx(truth["decode_tok_s"], rel=0.03), p.context_requested
+        assert p.step_ms == pytest.approx(truth["step_ms"], rel=0.03), p.context_requested
+        assert p.prefill_tok_s == pytest.approx(p.prompt_tokens / p.ttft_s)
+    # The fit sees the model's slope between these points (piecewise linear in the model).
+    assert result.fit["ms_per_1k"] > 0 and result.fit["r2"] > 0.99
+
+
+def test_nonce_defeats_the_radix_cache(sim_factory, monkeypatch):
+    sim = sim_factory(["--mem-fraction-static", "0.93", "--chunked-prefill-size", "4096"])
+    with BenchClient(sim.url) as client:
+        server_info = client.server_info()
+    assert server_info["disable_radix_cache"] is False  # the cache is on
+    settings = SweepSettings(contexts=[2000, 4000], gen=8, repeats=3, flush=False)
+    with BenchClient(sim.url) as client:
+        result = run_sweep(settings, client)
+    assert [[s.cached_tokens for s in p.samples] for p in result.points] == [[0, 0, 0], [0, 0, 0]]
+    assert all(p.n_valid == 3 for p in result.points)
+
+    # Control: the same prompt without a fresh nonce is served from the cache, and flagged.
+    monkeypatch.setattr("opsctl.bench.prompts.new_nonce", lambda: "fixed")
+    with BenchClient(sim.url) as client:
+        control = run_sweep(
+            SweepSettings(contexts=[4000], gen=8, repeats=2, flush=False, warmup=False), client
+        )
+    samples = control.points[0].samples
+    assert samples[0].cached_tokens == 0
+    assert samples[1].cached_tokens == 3999  # the simulator recomputes the last token
+    assert samples[1].flags == ["cached"] and control.points[0].n_valid == 1
+
+
+def test_server_dies_mid_sweep_then_resume_after_the_fix(sim_factory, tmp_path):
+    out = tmp_path / "sweep.json"
+    contexts = [1400, 11000, 32000, 64000]
+    # The seed's first config: 0.94, default chunking, no expandable segments.
+    bad = sim_factory(["--mem-fraction-static", "0.94"])
+    with BenchClient(bad.url) as client:
+        result = run_sweep(
+            SweepSettings(contexts=contexts, gen=8),
+            client,
+            out_path=out,
+            journal_excerpt=bad.journal_excerpt,
+            health_retry_delay_s=0.05,
+        )
+    assert result.stopped is not None and result.stopped.kind == "server_died"
+    died_at = result.stopped.context
+    assert died_at in contexts[1:]
+    assert f"server died at point {died_at // 1000}k" in result.stopped.reason
+    assert "CUDA out of memory" in result.stopped.journal
+    saved = load_result(out)
+    kept = [p.context_requested for p in saved.points]
+    assert kept == contexts[: contexts.index(died_at)] and kept
+    assert bad.proc.wait(10) is not None  # the process is gone, as on the node
+
+    # The fix (the seed's second config), then --resume: only the missing points run.
+    good = sim_factory(
+        ["--mem-fraction-static", "0.93", "--chunked-prefill-size", "4096"],
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
+    started = []
+
+    class Seen(SweepObserver):
+        def point_started(self, index, total, context, repeat, repeats):
+            started.append(context)
+
+    with BenchClient(good.url) as client:
+        resumed = run_sweep(
+            SweepSettings(contexts=contexts, gen=8),
+            client,
+            out_path=out,
+            resume_from=load_result(out),
+            observer=Seen(),
+        )
+    assert resumed.complete and load_result(out).complete
+    assert started == contexts[contexts.index(died_at) :]
+    assert [p.context_requested for p in resumed.points] == contexts
+    segment = resumed.meta["segments"][-1]
+    assert segment["server_args_changed"]["mem_fraction_static"] == [0.94, 0.93]
+    assert segment["server_args_changed"]["chunked_prefill_size"] == [8192, 4096]
+
+
+def test_seed_table_shape_through_the_cli(sim_factory, tmp_path):
+    """The seed's six points, end to end through `opsctl bench run` and `report --markdown`."""
+    from click.testing import CliRunner
+
+    from opsctl.commands.bench import bench
+
+    factor = 0.001  # shape only: at this factor the HTTP costs, not the model, set the small numbers
+    sim = sim_factory(
+        ["--mem-fraction-static", "0.93", "--chunked-prefill-size", "4096"],
+        factor,
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
+    out = tmp_path / "seed.json"
+    r = CliRunner().invoke(
+        bench,
+        [
+            "run",
+            "--url",
+            sim.url,
+            "--contexts",
+            "1.4k,11k,32k,64k,128k,185k",
+            "--gen",
+            "24",
+            "--out",
+            str(out),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(bench, ["report", str(out), "--markdown", "--time-factor", str(factor)])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert (
+        lines[0] == "| actual ctx | TTFT | prefill tok/s | decode tok/s | ms/step | floor ms/step | × floor |"
+    )
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["1.4k", "11k", "32k", "64k", "128k", "185k"]
+    result = load_result(out)
+    assert result.complete and [p.prompt_tokens for p in result.points] == [
+        1400,
+        11000,
+        32000,
+        64000,
+        128000,
+        185000,
+    ]
+    ttft = [p.ttft_s for p in result.points]
+    assert ttft == sorted(ttft)  # prefill grows with context
+    assert all(p.samples[0].cached_tokens == 0 for p in result.points)

@@ -1,0 +1,126 @@
+"""opsctl on a provisioned lab node: status against healthy, hung and crashed engines, restarts
+that succeed, that the planner refuses, and that fail and roll back; overrides vs Ansible."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+
+def test_status_healthy(lab_node):
+    code, report = lab_node.status()
+    assert (code, report["level"]) == (0, "OK"), report["problems"]
+    assert report["unit"]["active_state"] == "active"
+    assert report["health"]["ok"] and report["health_generate"]["ok"]
+    assert report["kv_pool"]["max_total_num_tokens"] == 195011
+    assert report["config"]["mem_fraction_static"] == {
+        "name": "mem_fraction_static", "value": "0.93", "source": "ansible", "ansible_value": "0.93", "drift": False}
+    assert report["engine"]["speculative_algorithm"] == "DFLASH"
+    assert report["gpus"] == "no GPU (nvidia-smi not found)"
+    human = lab_node.opsctl("status")
+    assert human.returncode == 0 and "195,011 tokens" in human.stdout
+
+
+def test_status_hung_engine_is_critical(lab_node):
+    lab_node.set_faults(hang_health_generate=True)
+    try:
+        code, report = lab_node.status()
+        assert code == 2 and report["level"] == "CRITICAL"
+        assert report["health"]["ok"] is True
+        assert report["health_generate"]["ok"] is False
+        assert any(problem.startswith("hung: /health answers") for problem in report["problems"])
+    finally:
+        lab_node.set_faults()
+    assert lab_node.status()[0] == 0
+
+
+def test_status_crashed_engine_is_critical(lab_node):
+    # An engine that dies at every start: systemd keeps restarting it, status must say so.
+    lab_node.set_faults(crash_at_start=True)
+    try:
+        lab_node.sh("docker kill sglang", check=True)
+        code, report = lab_node.wait_for(lambda: (s := lab_node.status()) and s[1]["unit"]["active_state"] != "active" and s)
+        assert code == 2 and report["level"] == "CRITICAL"
+        assert not report["health"]["ok"]
+    finally:
+        lab_node.set_faults()
+    result = lab_node.opsctl("restart", "--reason", "recover after crash drill")
+    assert result.returncode == 0, result.stderr
+    assert lab_node.status()[0] == 0
+
+
+def test_restart_to_a_new_fraction_then_clear(lab_node):
+    result = lab_node.opsctl("restart", "--fraction", "0.94", "--chunked-prefill-size", "4096", "--json")
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["ok"] and not outcome["rolled_back"]
+    assert outcome["to"]["mem_fraction_static"] == 0.94
+    assert "SGLANG_MEM_FRACTION_STATIC=0.94" in lab_node.file("/etc/sglang/override.env").splitlines()
+    code, report = lab_node.status()
+    assert code == 1 and report["level"] == "WARNING"  # an override drifts from Ansible
+    assert report["config"]["mem_fraction_static"]["source"] == "override"
+    assert report["engine"]["running"]["mem_fraction_static"] == 0.94
+    assert report["kv_pool"]["max_total_num_tokens"] > 195011
+    history = [json.loads(line) for line in lab_node.file("/var/lib/opsctl/history.jsonl").splitlines()]
+    assert [r["outcome"] for r in history[-2:]] == ["started", "ok"]
+
+    cleared = lab_node.opsctl("overrides", "clear")
+    assert cleared.returncode == 0, cleared.stderr
+    code, report = lab_node.status()
+    assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93
+
+
+def test_planner_refuses_a_fraction_without_headroom(lab_node):
+    before = lab_node.file("/etc/sglang/override.env")
+    result = lab_node.opsctl("restart", "--fraction", "0.99")
+    assert result.returncode == 2
+    assert "the planner refuses this change" in result.stderr and "--force" in result.stderr
+    assert lab_node.file("/etc/sglang/override.env") == before
+
+
+def test_bad_values_are_refused_with_a_clear_message(lab_node):
+    result = lab_node.opsctl("restart", "--fraction", "1.3")
+    assert result.returncode == 2
+    assert "1.3 is not a fraction: use a value strictly between 0 and 1" in result.stderr
+
+
+def test_restart_the_gpu_cannot_start_with_rolls_back(lab_node):
+    before = lab_node.file("/etc/sglang/override.env")
+    result = lab_node.opsctl("restart", "--fraction", "0.99", "--force", "--json")
+    assert result.returncode == 1, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["rolled_back"] and not outcome["attempt"]["ok"] and outcome["rollback"]["ok"]
+    assert "crashed" in outcome["attempt"]["reason"]
+    assert any("OutOfMemoryError" in line for line in outcome["attempt"]["journal_tail"])
+    # Nothing lost: the previous override file is back byte for byte, and the engine serves on it.
+    assert lab_node.file("/etc/sglang/override.env") == before
+    code, report = lab_node.status()
+    assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93
+    history = [json.loads(line) for line in lab_node.file("/var/lib/opsctl/history.jsonl").splitlines()]
+    assert [(r["event"], r["outcome"]) for r in history[-3:]] == [
+        ("restart", "started"), ("restart", "failed"), ("rollback", "ok")]
+
+
+def test_a_second_restart_waits_for_the_lock(lab_node):
+    lab_node.sh("nohup opsctl restart --reason first >/tmp/first.log 2>&1 &", check=True)
+    lab_node.wait_for(lambda: lab_node.sh("test -e /var/lib/opsctl/engine.lock.json").returncode == 0, timeout=10,
+                      interval=0.05)
+    second = lab_node.opsctl("restart", "--reason", "second")
+    assert second.returncode == 2
+    assert "another engine change is in progress" in second.stderr
+    lab_node.wait_for(lambda: lab_node.sh("test -e /var/lib/opsctl/engine.lock.json").returncode != 0, timeout=60)
+    assert lab_node.status()[0] == 0
+
+
+def test_ansible_reports_an_override_and_keeps_it_unless_told(lab_node):
+    assert lab_node.opsctl("restart", "--fraction", "0.92", "--force").returncode == 0
+    kept = lab_node.provision()
+    assert kept.returncode == 0, kept.stdout[-3000:]
+    assert "opsctl overrides are in force" in kept.stdout
+    assert "SGLANG_MEM_FRACTION_STATIC=0.92" in lab_node.file("/etc/sglang/override.env")
+    cleared = lab_node.provision("-e", "sglang_override_policy=clear")
+    assert cleared.returncode == 0, cleared.stdout[-3000:]
+    assert "SGLANG_MEM_FRACTION_STATIC" not in lab_node.file("/etc/sglang/override.env")
+    code, report = lab_node.status()
+    assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93

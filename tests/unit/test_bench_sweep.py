@@ -1,0 +1,445 @@
+"""`opsctl bench` against a tiny fake SGLang server (http.server, in a thread).
+
+The fake streams like SGLang's /generate (SSE `data: {...}` chunks with cumulative
+`meta_info`, then `data: [DONE]`), keeps a radix cache (cached_tokens = longest common
+prefix with earlier prompts) and can be told to die at a given request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from click.testing import CliRunner
+
+from opsctl.bench.client import BenchClient
+from opsctl.bench.runner import (
+    SweepObserver,
+    SweepSettings,
+    load_result,
+    run_concurrency,
+    run_sweep,
+)
+from opsctl.commands import bench as bench_cmd
+
+PREFILL_S_PER_TOKEN = 2e-6  # 500k tok/s: 8k tokens in 16 ms
+STEP_S_AT_ZERO = 2e-3
+STEP_S_PER_TOKEN = 1e-7  # +0.1 ms per 1k tokens of context
+
+
+class FakeSGLang:
+    def __init__(self, radix: bool = True, accept_length: int = 1) -> None:
+        self.radix = radix
+        self.accept_length = accept_length
+        self.seen: list[list] = []
+        self.die_at_request: int | None = None  # index of the /generate request that kills it
+        self.dead = False
+        self.requests = 0
+        self.flushes = 0
+        self.api_keys: list[str | None] = []
+        self.max_prompt: int | None = None  # longer prompts get HTTP 413, the server stays up
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def _send(self, code: int, body: str, ctype: str = "text/plain") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/health":
+                    return self._send(503, "dead") if fake.dead else self._send(200, "")
+                if self.path == "/server_info":
+                    info = {
+                        "version": "0.5.23-fake",
+                        "disable_radix_cache": not fake.radix,
+                        "chunked_prefill_size": 4096,
+                    }
+                    return self._send(200, json.dumps(info), "application/json")
+                self._send(404, "not found")
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path == "/flush_cache":
+                    fake.seen.clear()
+                    fake.flushes += 1
+                    return self._send(200, "Cache flushed.\n")
+                if self.path != "/generate":
+                    return self._send(404, "not found")
+                fake.api_keys.append(self.headers.get("Authorization"))
+                index = fake.requests
+                fake.requests += 1
+                if fake.dead or index == fake.die_at_request:
+                    fake.dead = True
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.shutdown(2)  # the connection drops, as when the launcher dies
+                    return
+                prompt = body.get("input_ids") or body["text"].split()
+                if fake.max_prompt is not None and len(prompt) > fake.max_prompt:
+                    return self._send(413, "Maximum request body size exceeded.")
+                cached = 0
+                if fake.radix:
+                    for old in fake.seen:
+                        n = 0
+                        for a, b in zip(old, prompt, strict=False):
+                            if a != b:
+                                break
+                            n += 1
+                        cached = max(cached, n)
+                fake.seen.append(prompt)
+                gen = body["sampling_params"]["max_new_tokens"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                t0 = time.perf_counter()
+                # Sleep to absolute times on a schedule, so per-chunk overheads do not add up.
+                due = t0 + (len(prompt) - cached) * PREFILL_S_PER_TOKEN
+                time.sleep(max(0.0, due - time.perf_counter()))
+                done, steps = 1, 0
+                while True:
+                    meta = {
+                        "prompt_tokens": len(prompt),
+                        "completion_tokens": done,
+                        "cached_tokens": cached,
+                        "finish_reason": None,
+                    }
+                    if fake.accept_length > 1:
+                        meta["spec_verify_ct"] = steps
+                    if done >= gen:
+                        meta["finish_reason"] = {"type": "length", "length": gen}
+                        meta["e2e_latency"] = time.perf_counter() - t0
+                        if fake.accept_length > 1:
+                            meta["spec_accept_length"] = gen / steps
+                    self.wfile.write(f"data: {json.dumps({'text': 'x', 'meta_info': meta})}\n\n".encode())
+                    self.wfile.flush()
+                    if done >= gen:
+                        break
+                    due += STEP_S_AT_ZERO + STEP_S_PER_TOKEN * (len(prompt) + done)
+                    time.sleep(max(0.0, due - time.perf_counter()))
+                    done = min(gen, done + fake.accept_length)
+                    steps += 1
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeSGLang:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake():
+    with FakeSGLang() as f:
+        yield f
+
+
+def _sweep(url, contexts, **kw) -> tuple[SweepSettings, BenchClient]:
+    settings = SweepSettings(contexts=contexts, gen=kw.pop("gen", 8), **kw)
+    return settings, BenchClient(url)
+
+
+def test_sweep_measures_each_point_once_with_unique_prompts(fake, tmp_path):
+    settings, client = _sweep(fake.url, [1000, 4000, 8000], gen=16)
+    with client:
+        result = run_sweep(settings, client, out_path=tmp_path / "r.json")
+    assert result.complete and result.stopped is None
+    assert fake.requests == 1 + 3  # warm-up + one request per point
+    assert fake.flushes == 3
+    assert [p.prompt_tokens for p in result.points] == [1000, 4000, 8000]
+    for p in result.points:
+        s = p.samples[0]
+        assert s.cached_tokens == 0 and s.completion_tokens == 16 and s.flags == []
+        truth_ms = 1e3 * (STEP_S_AT_ZERO + STEP_S_PER_TOKEN * (p.prompt_tokens + 8))
+        assert p.step_ms == pytest.approx(truth_ms, rel=0.1)  # sleep() jitter on a busy CI box
+        assert p.ttft_s >= p.prompt_tokens * PREFILL_S_PER_TOKEN
+    saved = load_result(tmp_path / "r.json")
+    assert saved.complete and len(saved.points) == 3
+    assert saved.meta["server_version"] == "0.5.23-fake"
+    assert saved.meta["segments"][0]["warmup_prompt_tokens"] == 256
+
+
+def test_nonce_defeats_the_radix_cache_without_flush(fake):
+    # No flush, same context twice as repeats: without the nonce the second would be cached.
+    settings, client = _sweep(fake.url, [2000], repeats=3, flush=False)
+    with client:
+        result = run_sweep(settings, client)
+    assert fake.flushes == 0
+    assert [s.cached_tokens for s in result.points[0].samples] == [0, 0, 0]
+    assert result.points[0].n_valid == 3
+    assert set(result.points[0].spread) >= {"ttft_s", "step_ms", "decode_tok_s"}
+
+
+def test_cached_response_is_flagged_not_averaged(fake, monkeypatch):
+    # Force the old mistake: the same prompt every time (no nonce).
+    monkeypatch.setattr("opsctl.bench.prompts.new_nonce", lambda: "same")
+    settings, client = _sweep(fake.url, [2000], repeats=3, flush=False, warmup=False)
+    messages = []
+
+    class Obs(SweepObserver):
+        def message(self, text):
+            messages.append(text)
+
+    with client:
+        result = run_sweep(settings, client, observer=Obs())
+    p = result.points[0]
+    assert [s.cached_tokens for s in p.samples] == [0, 2000, 2000]  # the whole prompt served from cache
+    assert [s.flags for s in p.samples] == [[], ["cached"], ["cached"]]
+    assert p.n_valid == 1
+    assert p.ttft_s == p.samples[0].ttft_s  # the median is the only uncached sample
+    assert sum("cached tokens" in m for m in messages) == 2
+
+
+def test_server_death_stops_cleanly_and_resume_continues(fake, tmp_path):
+    out = tmp_path / "r.json"
+    fake.die_at_request = 3  # warm-up 0, 1k 1, 2k 2, 4k dies
+    journal = "Nov 29 scheduler: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB."
+    settings, client = _sweep(fake.url, [1000, 2000, 4000, 8000])
+    with client:
+        result = run_sweep(
+            settings, client, out_path=out, journal_excerpt=lambda: journal, health_retry_delay_s=0.01
+        )
+    assert not result.complete
+    assert result.stopped.kind == "server_died" and result.stopped.context == 4000
+    assert "server died at point 4k" in result.stopped.reason and "503" in result.stopped.reason
+    assert result.stopped.journal == journal
+    saved = load_result(out)
+    assert [p.context_requested for p in saved.points] == [1000, 2000]
+    kept = [p.samples[0].ttft_s for p in saved.points]
+
+    fake.dead = False  # "after a fix"
+    with BenchClient(fake.url) as client:
+        resumed = run_sweep(
+            SweepSettings(contexts=[1000, 2000, 4000, 8000], gen=8),
+            client,
+            out_path=out,
+            resume_from=load_result(out),
+        )
+    assert resumed.complete
+    assert [p.context_requested for p in resumed.points] == [1000, 2000, 4000, 8000]
+    assert [p.samples[0].ttft_s for p in resumed.points[:2]] == kept  # not measured again
+    assert len(resumed.meta["segments"]) == 2 and resumed.meta["segments"][1]["first_context"] == 4000
+    assert load_result(out).complete
+
+
+def test_interrupt_keeps_points(fake, tmp_path):
+    class Interrupt(SweepObserver):
+        def point_started(self, index, total, context, repeat, repeats):
+            if context == 4000:
+                raise KeyboardInterrupt
+
+    settings, client = _sweep(fake.url, [1000, 2000, 4000])
+    with client:
+        result = run_sweep(settings, client, out_path=tmp_path / "r.json", observer=Interrupt())
+    assert result.stopped.kind == "interrupted" and result.stopped.context == 4000
+    assert [p.context_requested for p in load_result(tmp_path / "r.json").points] == [1000, 2000]
+
+
+def test_speculative_step_time_from_verify_count():
+    with FakeSGLang(accept_length=3) as f:
+        settings, client = _sweep(f.url, [1000], gen=31, warmup=False)
+        with client:
+            result = run_sweep(settings, client)
+    p = result.points[0]
+    assert p.accept_length == pytest.approx(31 / 10)
+    assert p.samples[0].decode_steps == 10  # 30 tokens after the first, 3 per step
+    assert p.step_ms == pytest.approx(1e3 * (STEP_S_AT_ZERO + STEP_S_PER_TOKEN * 1016), rel=0.1)
+
+
+def test_concurrency_streams_are_unique_and_counted(fake):
+    with BenchClient(fake.url) as client:
+        res = run_concurrency(client, 2000, 4, gen=8)
+    assert len(res.samples) == 4 and not res.errors
+    assert [s.cached_tokens for s in res.samples] == [0, 0, 0, 0]
+    assert res.output_tok_s == pytest.approx(32 / res.wall_s)
+    assert res.ttft_s_max >= res.ttft_s_median
+
+
+# -- the CLI ---------------------------------------------------------------------------
+
+
+def test_cli_run_json_csv_plot_and_exit_0(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSCTL_API_KEY", "sekrit")
+    out, csvp, png = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
+    r = CliRunner().invoke(
+        bench_cmd.bench,
+        [
+            "run",
+            "--url",
+            fake.url,
+            "--contexts",
+            "1k,2k",
+            "--gen",
+            "8",
+            "--out",
+            str(out),
+            "--csv",
+            str(csvp),
+            "--plot",
+            str(png),
+            "--json",
+            "--gpu",
+            "h200",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["complete"] is True and doc["kind"] == "sweep"
+    assert [p["prompt_tokens"] for p in doc["points"]] == [1000, 2000]
+    assert doc["floor"]["bandwidth_tbs"] == 4.8
+    assert doc["points"][0]["floor_step_ms"] == pytest.approx(
+        doc["points"][0]["decode_ctx_mean"] * 70272 / 4.8e12 * 1e3
+    )
+    assert set(fake.api_keys) == {"Bearer sekrit"}
+    assert csvp.read_text().startswith("context_requested,prompt_tokens,status")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert load_result(out).complete
+
+
+def test_cli_stops_with_exit_1_then_resumes(fake, tmp_path):
+    out = tmp_path / "r.json"
+    fake.die_at_request = 2
+    bench_cmd.set_journal_excerpt(
+        lambda: "Received sigquit from a child process. It usually means the child failed."
+    )
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(bench_cmd, "HEALTH_RETRY_DELAY_S", 0.01)
+    try:
+        r = CliRunner().invoke(
+            bench_cmd.bench,
+            ["run", "--url", fake.url, "--contexts", "1k,2k,4k", "--gen", "8", "--out", str(out)],
+        )
+    finally:
+        bench_cmd.set_journal_excerpt(None)
+        monkey.undo()
+    assert r.exit_code == 1, r.output
+    assert "stopped at point 2k" in r.stderr
+    assert "Received sigquit from a child process" in r.stderr
+    assert f"--resume {out}" in r.stderr
+    assert [p.context_requested for p in load_result(out).points] == [1000]
+
+    # A different --gen is refused (exit 2), then the same settings resume.
+    fake.dead = False
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out), "--gen", "16"])
+    assert r.exit_code == 2
+    assert "gen: file has 8, asked 16" in r.stderr
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "resuming: 1 point(s) kept, 2 to measure" in r.stderr
+    assert "actual ctx" in r.stdout and "4k" in r.stdout
+    assert [p.context_requested for p in load_result(out).points] == [1000, 2000, 4000]
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--contexts", "1k,zz"])
+    assert r.exit_code == 2 and "not a context length: 'zz'" in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    r = CliRunner().invoke(bench_cmd.bench, ["compare", str(bad), str(bad)])
+    assert r.exit_code == 2 and "is not an opsctl bench sweep file" in r.stderr
+
+
+def test_cli_unreachable_server_stops_with_exit_1(tmp_path):
+    with FakeSGLang() as f:
+        url = f.url
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(bench_cmd, "HEALTH_RETRIES", 0)
+    try:
+        r = CliRunner().invoke(
+            bench_cmd.bench, ["run", "--url", url, "--contexts", "1k", "--out", str(tmp_path / "r.json")]
+        )
+    finally:
+        monkey.undo()
+    assert r.exit_code == 1
+    assert "server not healthy before the sweep" in r.stderr
+
+
+def test_cli_compare_prints_ratios(fake, tmp_path):
+    paths = []
+    for name in ("a", "b"):
+        p = tmp_path / f"{name}.json"
+        r = CliRunner().invoke(
+            bench_cmd.bench,
+            ["run", "--url", fake.url, "--contexts", "1k,2k", "--gen", "8", "--out", str(p), "--json"],
+        )
+        assert r.exit_code == 0, r.output
+        paths.append(p)
+    r = CliRunner().invoke(bench_cmd.bench, ["compare", str(paths[0]), str(paths[1]), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [p["context_requested"] for p in doc["points"]] == [1000, 2000]
+    for p in doc["points"]:
+        assert p["step_ms_ratio"] == pytest.approx(p["step_ms_b"] / p["step_ms_a"])
+        assert 0.5 < p["step_ms_ratio"] < 2  # the same fake server both times
+    r = CliRunner().invoke(bench_cmd.bench, ["compare", str(paths[0]), str(paths[1])])
+    assert "ms/step B/A" in r.stdout and "geomean" in r.stdout
+
+
+def test_cli_report_markdown(fake, tmp_path):
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(
+        bench_cmd.bench, ["run", "--url", fake.url, "--contexts", "1k,2k", "--gen", "8", "--out", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(bench_cmd.bench, ["report", str(out), "--markdown"])
+    assert r.exit_code == 0
+    assert r.stdout.splitlines()[0].startswith(
+        "| actual ctx | TTFT | prefill tok/s | decode tok/s | ms/step |"
+    )
+    assert r.stdout.splitlines()[2].startswith("| 1k |")
+
+
+def test_cli_plot_without_matplotlib_says_how_to_install(fake, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_mpl(name, *a, **kw):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    r = CliRunner().invoke(
+        bench_cmd.bench, ["run", "--url", fake.url, "--contexts", "1k", "--plot", str(tmp_path / "x.png")]
+    )
+    assert r.exit_code == 1
+    assert "pip install 'opsctl[plot]'" in r.stderr
+    assert fake.requests == 0  # refused before measuring anything
+
+
+def test_cli_failed_point_with_server_up_exits_1_and_resume_retries_it(fake, tmp_path):
+    out = tmp_path / "r.json"
+    fake.max_prompt = 1500
+    r = CliRunner().invoke(
+        bench_cmd.bench, ["run", "--url", fake.url, "--contexts", "1k,2k", "--gen", "8", "--out", str(out)]
+    )
+    assert r.exit_code == 1
+    assert (
+        "1 point(s) failed with the server still up: 2k (HTTP 413: Maximum request body size exceeded.)"
+        in r.stderr
+    )
+    saved = load_result(out)
+    assert [(p.context_requested, p.status) for p in saved.points] == [(1000, "ok"), (2000, "error")]
+    assert not saved.complete
+    fake.max_prompt = None
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out)])
+    assert r.exit_code == 0, r.output
+    assert [(p.context_requested, p.status) for p in load_result(out).points] == [(1000, "ok"), (2000, "ok")]
