@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import shutil
 import subprocess
 import threading
 
@@ -15,6 +16,16 @@ def cursor(unit: str) -> str | None:
         if line.startswith("-- cursor: "):
             return line.removeprefix("-- cursor: ").strip()
     return None
+
+
+def excerpt(unit: str, lines: int = 30) -> str | None:
+    """The last `lines` of the unit's journal, or None where there is no journal to read."""
+    if shutil.which("journalctl") is None:
+        return None
+    result = subprocess.run(["journalctl", "-u", unit, "-n", str(lines), "-o", "short-iso", "--no-pager"],
+                            capture_output=True, text=True, errors="replace", check=False, timeout=10)
+    text = result.stdout.strip()
+    return text if result.returncode == 0 and text and "-- No entries --" not in text else None
 
 
 class JournalFollower:

@@ -33,8 +33,8 @@ def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates_dir()),
         undefined=jinja2.StrictUndefined,  # a missing variable is an error, not an empty string
-        keep_trailing_newline=True,
-        trim_blocks=True,  # Ansible's template module defaults
+        keep_trailing_newline=False,  # as Ansible's template module
+        trim_blocks=True,
     )
 
 

@@ -36,7 +36,8 @@ PHASES = [
 ]
 # Lines after which the engine is dead, whatever systemd says yet.
 FATAL_MARKERS = ("Scheduler hit an exception", "Received sigquit", "SIGQUIT received",
-                 "launch_server.py: error:", "Loaded weights leave no GPU memory")
+                 "error: unrecognized arguments", "error: ambiguous option", "error: argument",
+                 "Loaded weights leave no GPU memory")
 
 
 def history_file(config: NodeConfig) -> Path:

@@ -33,6 +33,7 @@ from rich.progress import (
 from rich.text import Text
 
 from opsctl.bench import floor as floor_mod
+from opsctl import journal
 from opsctl.bench import prompts, report
 from opsctl.bench.client import BenchClient
 from opsctl.bench.runner import (
@@ -48,6 +49,7 @@ from opsctl.bench.runner import (
     run_concurrency,
     run_sweep,
 )
+from opsctl.config import load_config
 from opsctl.output import console, err_console, print_json
 
 DEFAULT_CONTEXTS = "1k,8k,32k,64k,128k,185k"
@@ -60,22 +62,9 @@ HEALTH_RETRIES = 2
 HEALTH_RETRY_DELAY_S = 2.0
 
 # Returns an excerpt of the node's journal (the server's last log lines) or None.
-# Wired by the CLI's setup via set_journal_excerpt(); None prints no excerpt.
-_journal_excerpt: Callable[[], str | None] | None = None
-
-
-def set_journal_excerpt(fn: Callable[[], str | None] | None) -> None:
-    """Install the function that reads the node's journal when the server dies."""
-    global _journal_excerpt
-    _journal_excerpt = fn
-
-
-def _journal_hook() -> Callable[[], str | None] | None:
-    ctx = click.get_current_context(silent=True)
-    obj = ctx.find_object(dict) if ctx else None
-    if obj and callable(obj.get("journal_excerpt")):
-        return obj["journal_excerpt"]
-    return _journal_excerpt
+def _journal_hook() -> Callable[[], str | None]:
+    """When the server dies mid-sweep: the end of the engine unit's journal, where this runs on the node."""
+    return lambda: journal.excerpt(load_config().unit)
 
 
 # -- shared options ---------------------------------------------------------------------

@@ -316,18 +316,17 @@ def test_cli_run_json_csv_plot_and_exit_0(fake, tmp_path, monkeypatch):
 def test_cli_stops_with_exit_1_then_resumes(fake, tmp_path):
     out = tmp_path / "r.json"
     fake.die_at_request = 2
-    bench_cmd.set_journal_excerpt(
-        lambda: "Received sigquit from a child process. It usually means the child failed."
-    )
     monkey = pytest.MonkeyPatch()
     monkey.setattr(bench_cmd, "HEALTH_RETRY_DELAY_S", 0.01)
+    # The node's journal, as opsctl.journal.excerpt reads it on a node.
+    monkey.setattr(bench_cmd.journal, "excerpt",
+                   lambda unit: "Received sigquit from a child process. It usually means the child failed.")
     try:
         r = CliRunner().invoke(
             bench_cmd.bench,
             ["run", "--url", fake.url, "--contexts", "1k,2k,4k", "--gen", "8", "--out", str(out)],
         )
     finally:
-        bench_cmd.set_journal_excerpt(None)
         monkey.undo()
     assert r.exit_code == 1, r.output
     assert "stopped at point 2k" in r.stderr

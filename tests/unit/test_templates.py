@@ -15,6 +15,13 @@ def test_env_file_holds_the_tuned_values_and_allocator_config():
     }
 
 
+def test_engine_env_lines_follow_the_allocator_lines():
+    text = render.render("sglang.env.j2", render.role_settings(sglang_engine_env={"DFLASH_VERIFY_KERNEL": "1"}))
+    env = render.parse_env_file(text)
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["DFLASH_VERIFY_KERNEL"] == "1"
+
+
 def test_expandable_segments_off_is_explicit():
     env = render.parse_env_file(render.render("sglang.env.j2", render.role_settings(sglang_expandable_segments=False)))
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"

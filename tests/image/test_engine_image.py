@@ -1,0 +1,86 @@
+"""The production engine image (images/sglang/Dockerfile), built here from a locally made base.
+
+The kernel stage runs in every CI run: Triton compiles the verify kernel for sm_120 and sm_90
+with no GPU, and the stage itself checks each cubin with cuobjdump. The full image (SGLang on
+top) is the opt-in `image` tier: it installs the SGLang wheel without its CUDA dependencies,
+since the lab base has no CUDA; on a GPU node the base is SGLang's own CUDA image.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_BASE = "dflash-lab/debian-python:bookworm"
+# The Triton the GPU machine carries (see kernels/README.md); any release that has sm_120 works.
+TRITON_SPEC = "triton==3.6.0"
+
+
+def _docker_ready() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    inspect = subprocess.run(["docker", "image", "inspect", BUILD_BASE], capture_output=True, check=False)
+    return inspect.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def context(tmp_path_factory) -> Path:
+    if not _docker_ready():
+        pytest.skip(f"needs a Docker engine and {BUILD_BASE}: run scripts/test.sh (or lab/build-images.sh)")
+    ctx = tmp_path_factory.mktemp("image-context")
+    shutil.copytree(REPO / "images" / "sglang", ctx, dirs_exist_ok=True)
+    shutil.copytree(REPO / "kernels", ctx / "kernels", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # The package registries are reached through a proxy whose CA this machine trusts.
+    shutil.copy("/etc/ssl/certs/ca-certificates.crt", ctx / "extra-ca" / "host-ca.crt")
+    return ctx
+
+
+def _build(context: Path, tag: str, *args: str) -> None:
+    result = subprocess.run(["docker", "build", "--tag", tag, *args, str(context)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_kernel_stage_compiles_sm120_and_sm90(context):
+    tag = "dflash/sglang-kernel-build:test"
+    _build(context, tag, "--target", "kernel-build", "--build-arg", f"BUILD_IMAGE={BUILD_BASE}",
+           "--build-arg", f"TRITON_SPEC={TRITON_SPEC}")
+    manifest = subprocess.run(["docker", "run", "--rm", tag, "cat", "/out/kernels/manifest.json"],
+                              capture_output=True, text=True, check=True).stdout
+    archs = json.loads(manifest)["archs"]
+    assert sorted(int(a) for a in archs) == [90, 120]
+    # Blackwell code is mma.sync only: no Hopper-only wgmma in the sm_120 cubins.
+    sass = subprocess.run(
+        ["docker", "run", "--rm", tag, "sh", "-c",
+         "for f in /out/kernels/sm_120/*.cubin; do "
+         "$(/opt/build/bin/python -c 'import triton,os;print(os.path.dirname(triton.__file__))')"
+         "/backends/nvidia/bin/cuobjdump --dump-sass $f; done"],
+        capture_output=True, text=True, check=True).stdout
+    assert "sm_120" in sass
+    assert "HMMA" in sass and "HGMMA" not in sass
+
+
+@pytest.mark.image
+def test_full_image_builds_with_sglang_and_the_kernels(context, tmp_path):
+    pip_base = tmp_path / "pip-base"
+    pip_base.mkdir()
+    (pip_base / "Dockerfile").write_text(
+        f"FROM {BUILD_BASE}\nRUN apt-get update && apt-get install -y --no-install-recommends python3-pip\n")
+    _build(pip_base, "dflash-lab/debian-pip:bookworm")
+    tag = "dflash/sglang:test"
+    _build(context, tag, "--build-arg", f"BUILD_IMAGE={BUILD_BASE}", "--build-arg", f"TRITON_SPEC={TRITON_SPEC}",
+           "--build-arg", "BASE_IMAGE=dflash-lab/debian-pip:bookworm", "--build-arg", "PIP_FLAGS=--no-deps")
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", tag], capture_output=True, text=True,
+                                       check=True).stdout)[0]["Config"]["Labels"]
+    assert labels["dflash.sglang.spec"] == "sglang==0.5.23"
+    assert labels["dflash.kernel.archs"] == "120 90"
+    check = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", tag, "-c",
+                            "python3 -m pip show sglang dflash-kernels | grep ^Version; ls /opt/dflash/kernels"],
+                           capture_output=True, text=True, check=True).stdout
+    assert "Version: 0.5.23" in check
+    assert "sm_120" in check and "sm_90" in check
