@@ -8,9 +8,11 @@ import click
 
 from opsctl import __version__, remote
 from opsctl.commands.bench import bench
+from opsctl.commands.guard import guard
 from opsctl.commands.oom import oom
 from opsctl.commands.plan import plan
 from opsctl.commands.restart import overrides, restart_command
+from opsctl.commands.rollout import rollout
 from opsctl.commands.status import status
 
 
@@ -34,6 +36,8 @@ cli.add_command(oom)
 cli.add_command(plan)
 cli.add_command(restart_command)
 cli.add_command(overrides)
+cli.add_command(guard)
+cli.add_command(rollout)
 
 
 def main() -> None:

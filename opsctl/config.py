@@ -13,6 +13,24 @@ DEFAULT_CONFIG_FILE = Path("/etc/opsctl/opsctl.yml")
 
 
 @dataclasses.dataclass(frozen=True)
+class GuardConfig:
+    """The guard's limits (the `guard:` section; see `opsctl/guard/policy.py` for how they are used)."""
+
+    budget_per_hour: int = 5  # remediations (restarts the guard makes) per sliding hour
+    backoff_initial_s: float = 5.0  # wait before the 2nd remediation in the hour, doubling after
+    backoff_max_s: float = 300.0
+    max_blind_restarts: int = 3  # as-is restarts per hour for a death of unknown cause or a hang
+    hang_timeout_s: float = 120.0  # /health_generate failing this long (unit active) is a hang
+    probe_interval_s: float = 10.0
+    probe_timeout_s: float = 30.0
+    chunk_floor: int = 2048  # the ladder halves --chunked-prefill-size down to this
+    fraction_step: float = 0.01
+    fraction_max: float = 0.95  # the highest fraction the guard raises to after a no-KV start
+    webhook_url: str = ""
+    command_hook: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeConfig:
     unit: str = "sglang.service"
     engine_url: str = "http://127.0.0.1:30000"
@@ -22,6 +40,7 @@ class NodeConfig:
     context_target: int = 200_000
     model_preset: str = "kimi-k2.6"
     start_timeout_s: float = 900.0
+    guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
 
 
 _PATH_FIELDS = {"env_file", "override_env_file", "state_dir"}
@@ -38,7 +57,9 @@ def load_config(path: Path | None = None) -> NodeConfig:
         try:
             values = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as error:
-            raise click.ClickException(f"{path} is not valid YAML ({error}); re-run the playbook to rewrite it")
+            raise click.ClickException(
+                f"{path} is not valid YAML ({error}); re-run the playbook to rewrite it"
+            ) from None
     known = {field.name for field in dataclasses.fields(NodeConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -47,4 +68,24 @@ def load_config(path: Path | None = None) -> NodeConfig:
         values["state_dir"] = os.environ["OPSCTL_STATE_DIR"]
     for name in _PATH_FIELDS & set(values):
         values[name] = Path(values[name])
+    if "guard" in values:
+        values["guard"] = _guard_config(path, values["guard"] or {})
     return NodeConfig(**values)
+
+
+def _guard_config(path: Path, values: dict) -> GuardConfig:
+    known = {field.name for field in dataclasses.fields(GuardConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise click.ClickException(f"{path}: unknown guard keys {', '.join(unknown)} "
+                                   f"(known: {', '.join(sorted(known))})")
+    casts = {"int": int, "float": float, "str": lambda value: "" if value is None else str(value)}
+    typed = {}
+    for field in dataclasses.fields(GuardConfig):
+        if field.name in values:
+            try:
+                typed[field.name] = casts[field.type](values[field.name])
+            except (TypeError, ValueError):
+                raise click.ClickException(f"{path}: guard.{field.name} must be a {field.type}, "
+                                           f"got {values[field.name]!r}") from None
+    return GuardConfig(**typed)

@@ -63,7 +63,16 @@ PRESETS: dict[str, ModelShape] = {
     "deepseek-v3": ModelShape(name="deepseek-v3", num_layers=61, kv_lora_rank=512, qk_rope_head_dim=64),
 }
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+_DTYPE_BYTES = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
 
 
 def preset(name: str) -> ModelShape:
@@ -99,7 +108,9 @@ def _require_int(config: dict, key: str, path: Path) -> int:
     return value
 
 
-def shape_from_hf_config(path: str | Path, *, kv_dtype: str | None = None, draft: DraftShape | None = None) -> ModelShape:
+def shape_from_hf_config(
+    path: str | Path, *, kv_dtype: str | None = None, draft: DraftShape | None = None
+) -> ModelShape:
     """Build a ModelShape from a Hugging Face `config.json` (or the directory holding it).
 
     MLA is detected by `kv_lora_rank`; otherwise `num_key_value_heads` (default

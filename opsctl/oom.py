@@ -57,10 +57,14 @@ _UNIT_OOM = "killed by the OOM killer"
 _SIGQUIT = re.compile(r"Received sigquit from a child process|SIGQUIT received\.")
 _KILLED = re.compile(r"Main process exited, code=(?:killed|dumped), status=(\d+)/(\w+)")
 _ILLEGAL = re.compile(r"illegal memory access|misaligned address|illegal instruction|unspecified launch failure")
-_NCCL = re.compile(r"NCCL error|nccl\w*Error|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|"
-                   r"ncclRemoteError|Watchdog caught collective operation timeout")
+_NCCL = re.compile(
+    r"NCCL error|nccl\w*Error|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|"
+    r"ncclRemoteError|Watchdog caught collective operation timeout"
+)
 _CUDA_ERROR = re.compile(r"CUDA error: (.*)")
-_NO_KV = re.compile(r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. Please try to increase --mem-fraction-static")
+_NO_KV = re.compile(
+    r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. Please try to increase --mem-fraction-static"
+)
 _RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+\.\d+)")
 _STARTUP_FRAMES = re.compile(
     r"init_memory_pool|alloc_memory_pool|kv_cache_configurator|profile_max_num_token|load_model|"
@@ -231,9 +235,7 @@ class OomScanner:
     # Config and phase of the engine start the scanner is in.
     def _config(self) -> EngineConfig | None:
         run = self.startups.current
-        if run is not None and run.config is not None and any(
-            value is not None for value in vars(run.config).values()
-        ):
+        if run is not None and run.config is not None and any(value is not None for value in vars(run.config).values()):
             return run.config.merged_with(self.config_hint)
         return replace(self.config_hint) if self.config_hint is not None else None
 
@@ -250,7 +252,9 @@ class OomScanner:
             for record in iter_log_lines([line]):
                 done.extend(self._feed_record(record))
         except Exception as exc:  # noqa: BLE001 - a strange line must never stop the scan
-            done.extend(self._emit(Incident("unparsed", UNKNOWN, detail=f"line could not be parsed: {exc}", lines=[line])))
+            done.extend(
+                self._emit(Incident("unparsed", UNKNOWN, detail=f"line could not be parsed: {exc}", lines=[line]))
+            )
         return done
 
     def flush(self) -> list[Incident]:
@@ -276,7 +280,12 @@ class OomScanner:
             done.extend(self._crash_signal(rec))
         elif (m := _HIT_EXCEPTION.search(msg)) is not None:
             self._pending[key] = _Pending(rec, [m[2]] if m[2] else [], self._phase(), self._config(), [rec.raw])
-        elif _OOM_MARK.search(msg) or _NO_KV.search(msg) or "Prefill out of memory" in msg or "Decode out of memory" in msg:
+        elif (
+            _OOM_MARK.search(msg)
+            or _NO_KV.search(msg)
+            or "Prefill out of memory" in msg
+            or "Decode out of memory" in msg
+        ):
             self._pending[key] = _Pending(rec, [msg], self._phase(), self._config(), [rec.raw])
         elif (m := _RETRACT.search(msg)) is not None:
             incident = self._new(rec, "kv_pool_full", KV_POOL, self._config(), self._phase())
@@ -343,8 +352,11 @@ class OomScanner:
             return []
         # The scheduler logs "Prefill out of memory" and then raises it: one incident.
         last = self._last
-        if last is not None and last.kind == incident.kind and last.pid == incident.pid and incident.kind in (
-            "prefill_oom", "decode_oom", "startup_no_kv_memory"
+        if (
+            last is not None
+            and last.kind == incident.kind
+            and last.pid == incident.pid
+            and incident.kind in ("prefill_oom", "decode_oom", "startup_no_kv_memory")
         ):
             last.lines.extend(incident.lines)
             return []
@@ -467,8 +479,13 @@ def rule_recommendation(incident: Incident) -> Recommendation:
         return Recommendation(
             "enable expandable_segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
             [
-                Setting(fraction, chunk, True, f"{_gib(incident.reserved_unallocated_bytes)} reserved but unallocated "
-                        f"would have held the {_mib(incident.tried_bytes)} allocation"),
+                Setting(
+                    fraction,
+                    chunk,
+                    True,
+                    f"{_gib(incident.reserved_unallocated_bytes)} reserved but unallocated "
+                    f"would have held the {_mib(incident.tried_bytes)} allocation",
+                ),
                 Setting(_step_down(fraction), chunk, True, "and 0.01 more headroom if it recurs"),
             ],
         )
@@ -488,8 +505,14 @@ def rule_recommendation(incident: Incident) -> Recommendation:
     if c == KV_POOL:
         return Recommendation(
             "more KV cache is needed; this is not a reason to lower the fraction",
-            [Setting(round(fraction + 0.01, 3) if fraction is not None else None, chunk, config.expandable_segments,
-                     "a larger pool, if the planner shows the headroom still fits the spike")],
+            [
+                Setting(
+                    round(fraction + 0.01, 3) if fraction is not None else None,
+                    chunk,
+                    config.expandable_segments,
+                    "a larger pool, if the planner shows the headroom still fits the spike",
+                )
+            ],
             ["or lower --max-running-requests or --context-length"],
         )
     if c == HOST_MEMORY:
@@ -545,8 +568,11 @@ def recommend(
     ):
         plan = planner.recommend(context_target, inputs)
         if plan.fraction is not None:
-            settings.append(Setting(plan.fraction, plan.chunk, True, "planner: " + plan.reason,
-                                    plan.tokens, plan.meets_target, True))
+            settings.append(
+                Setting(
+                    plan.fraction, plan.chunk, True, "planner: " + plan.reason, plan.tokens, plan.meets_target, True
+                )
+            )
     return Recommendation(base.action, settings, notes)
 
 

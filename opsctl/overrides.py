@@ -28,7 +28,7 @@ class TunedValues:
     def merged_over(self, base: TunedValues) -> TunedValues:
         """These values where set, else `base`'s."""
         return TunedValues(*(mine if mine is not None else theirs
-                             for mine, theirs in zip(dataclasses.astuple(self), dataclasses.astuple(base))))
+                             for mine, theirs in zip(dataclasses.astuple(self), dataclasses.astuple(base), strict=True)))
 
 
 def validate(values: TunedValues) -> None:

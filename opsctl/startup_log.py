@@ -265,8 +265,16 @@ class StartupTracker:
                 run.load_begin_avail_gib = _min(run.load_begin_avail_gib, float(match[1]))
             return
         if run is None:
-            if not any(key in msg for key in ("Load weight end", "KV Cache is allocated", "Memory pool end",
-                                              "raph end", "max_total_num_tokens=")):
+            if not any(
+                key in msg
+                for key in (
+                    "Load weight end",
+                    "KV Cache is allocated",
+                    "Memory pool end",
+                    "raph end",
+                    "max_total_num_tokens=",
+                )
+            ):
                 return
             run = self._new_run()
         if (match := _LOAD_END.search(msg)) is not None:

@@ -29,13 +29,17 @@ if ! docker info >/dev/null 2>&1; then
     docker info >/dev/null 2>&1 || { say "the Docker engine did not start: see /var/log/dockerd.log"; exit 1; }
 fi
 
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml kernels/pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -e "$stamp" ]; then
     say "creating .venv with the project and its dev tools"
     [ -x .venv/bin/python ] || python3 -m venv .venv
     .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' >&2 || true
     .venv/bin/pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
-    .venv/bin/python -c 'import opsctl, ansible, molecule, testinfra' || { say "venv install failed"; exit 1; }
+    # The kernel package and its CPU tests (Triton's interpreter). torch 2.13.0 resolves to the CPU
+    # build this machine kind keeps on disk; elsewhere add --index-url of PyTorch's CPU wheels.
+    .venv/bin/pip install -q torch==2.13.0 -e 'kernels[dev]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    .venv/bin/python -c 'import opsctl, ansible, molecule, testinfra, dflash_kernels' \
+        || { say "venv install failed"; exit 1; }
     touch "$stamp"
 fi
 say "ready: docker $(docker version --format '{{.Server.Version}}'), $(.venv/bin/ansible --version | head -1)"

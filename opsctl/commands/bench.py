@@ -32,8 +32,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from opsctl.bench import floor as floor_mod
 from opsctl import journal
+from opsctl.bench import floor as floor_mod
 from opsctl.bench import prompts, report
 from opsctl.bench.client import BenchClient
 from opsctl.bench.runner import (

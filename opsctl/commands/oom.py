@@ -1,9 +1,9 @@
 """`opsctl oom`: find OOMs and crashes in an SGLang unit's journal or a saved log.
 
-    opsctl oom                                   # journalctl -u sglang.service
-    opsctl oom --since "2 hours ago" --json
-    opsctl oom --file node.log --mem-fraction-static 0.94
-    journalctl -u sglang.service | opsctl oom --file -
+opsctl oom                                   # journalctl -u sglang.service
+opsctl oom --since "2 hours ago" --json
+opsctl oom --file node.log --mem-fraction-static 0.94
+journalctl -u sglang.service | opsctl oom --file -
 """
 
 from __future__ import annotations
@@ -154,7 +154,9 @@ def oom(
         raise click.BadParameter(
             "use a positive chunk size, or -1 for chunking disabled", param_hint="--chunked-prefill-size"
         )
-    hint = EngineConfig(mem_fraction_static=fraction, chunked_prefill_size=chunk, expandable_segments=expandable_segments)
+    hint = EngineConfig(
+        mem_fraction_static=fraction, chunked_prefill_size=chunk, expandable_segments=expandable_segments
+    )
     lines: Iterable[str]
     if file_ is not None:
         lines = _read_file(file_)

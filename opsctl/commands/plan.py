@@ -1,8 +1,8 @@
 """`opsctl plan`: KV pool tokens and prefill headroom per --mem-fraction-static.
 
-    opsctl plan --model kimi-k2.6 --gpu-mem-gib 94.97 --weights-gib 74.29 --tp 8
-    opsctl plan --model kimi-k2.6 --calibrate-log node.log          # the node's own figures
-    opsctl plan --config /models/X/config.json --gpu-mem-gib 80 --weights-gib 60 --tp 2 --json
+opsctl plan --model kimi-k2.6 --gpu-mem-gib 94.97 --weights-gib 74.29 --tp 8
+opsctl plan --model kimi-k2.6 --calibrate-log node.log          # the node's own figures
+opsctl plan --config /models/X/config.json --gpu-mem-gib 80 --weights-gib 60 --tp 2 --json
 """
 
 from __future__ import annotations
@@ -59,24 +59,67 @@ def _table(rows: list[planner.PlanRow], chunks: list[int], target: int) -> Table
 
 @click.command("plan")
 @click.option("--model", type=click.Choice(sorted(model_shapes.PRESETS)), help="Model preset (default kimi-k2.6).")
-@click.option("--config", "config_path", metavar="PATH", help="A Hugging Face config.json (or its directory) instead of a preset.")
+@click.option(
+    "--config", "config_path", metavar="PATH", help="A Hugging Face config.json (or its directory) instead of a preset."
+)
 @click.option("--kv-dtype", help="KV cache dtype (bfloat16, fp8_e4m3); default the preset's / config's.")
 @click.option("--no-draft", is_flag=True, help="Leave the DFlash draft's KV out of the cell.")
-@click.option("--gpu-mem-gib", type=click.FloatRange(min=1), help="GPU capacity in GiB as PyTorch reports it (94.97 on an RTX PRO 6000).")
-@click.option("--weights-gib", type=click.FloatRange(min=0), help="Weights per GPU, GiB (SGLang's 'Load weight end ... mem usage').")
-@click.option("--non-torch-gib", type=click.FloatRange(min=0), default=1.5, show_default=True,
-              help="Memory outside PyTorch before weights load (CUDA context, NCCL), GiB.")
+@click.option(
+    "--gpu-mem-gib",
+    type=click.FloatRange(min=1),
+    help="GPU capacity in GiB as PyTorch reports it (94.97 on an RTX PRO 6000).",
+)
+@click.option(
+    "--weights-gib",
+    type=click.FloatRange(min=0),
+    help="Weights per GPU, GiB (SGLang's 'Load weight end ... mem usage').",
+)
+@click.option(
+    "--non-torch-gib",
+    type=click.FloatRange(min=0),
+    default=1.5,
+    show_default=True,
+    help="Memory outside PyTorch before weights load (CUDA context, NCCL), GiB.",
+)
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--page-size", type=click.IntRange(min=1), default=1, show_default=True, help="--page-size of the engine.")
-@click.option("--context-target", type=click.IntRange(min=1), default=planner.DEFAULT_CONTEXT_TARGET, show_default=True,
-              help="Tokens one request must fit in the pool.")
-@click.option("--chunk", "chunks", type=click.IntRange(min=1), multiple=True, help="Chunk size to check (repeatable; default 4096 and 8192).")
+@click.option(
+    "--page-size", type=click.IntRange(min=1), default=1, show_default=True, help="--page-size of the engine."
+)
+@click.option(
+    "--context-target",
+    type=click.IntRange(min=1),
+    default=planner.DEFAULT_CONTEXT_TARGET,
+    show_default=True,
+    help="Tokens one request must fit in the pool.",
+)
+@click.option(
+    "--chunk",
+    "chunks",
+    type=click.IntRange(min=1),
+    multiple=True,
+    help="Chunk size to check (repeatable; default 4096 and 8192).",
+)
 @click.option("--fractions", default="0.90:0.96:0.01", show_default=True, help="START:STOP:STEP or a comma list.")
-@click.option("--calibrate-log", metavar="PATH", help="A node's log: startup lines pin the pool; OOMs in it pin the spike.")
+@click.option(
+    "--calibrate-log", metavar="PATH", help="A node's log: startup lines pin the pool; OOMs in it pin the spike."
+)
 @click.option("--json", "json_", is_flag=True, help="Print one JSON document to stdout.")
-def plan(model: str | None, config_path: str | None, kv_dtype: str | None, no_draft: bool, gpu_mem_gib: float | None,
-         weights_gib: float | None, non_torch_gib: float, tp: int, page_size: int, context_target: int,
-         chunks: tuple[int, ...], fractions: str, calibrate_log: str | None, json_: bool) -> None:
+def plan(
+    model: str | None,
+    config_path: str | None,
+    kv_dtype: str | None,
+    no_draft: bool,
+    gpu_mem_gib: float | None,
+    weights_gib: float | None,
+    non_torch_gib: float,
+    tp: int,
+    page_size: int,
+    context_target: int,
+    chunks: tuple[int, ...],
+    fractions: str,
+    calibrate_log: str | None,
+    json_: bool,
+) -> None:
     """Plan --mem-fraction-static and --chunked-prefill-size for a context target.
 
     Prints, per fraction, SGLang's KV pool size, its share of the target, the headroom
@@ -93,8 +136,9 @@ def plan(model: str | None, config_path: str | None, kv_dtype: str | None, no_dr
     if calibrate_log is None and (gpu_mem_gib is None or weights_gib is None):
         raise click.UsageError("give --gpu-mem-gib and --weights-gib, or --calibrate-log with a node's startup log")
     gpu = planner.GpuSpec(total_gib=gpu_mem_gib if gpu_mem_gib is not None else 0.0, non_torch_gib=non_torch_gib)
-    inputs = planner.PlanInputs(gpu=gpu, shape=shape, weights_gib=weights_gib or 0.0, tp=tp, page_size=page_size,
-                                include_draft=not no_draft)
+    inputs = planner.PlanInputs(
+        gpu=gpu, shape=shape, weights_gib=weights_gib or 0.0, tp=tp, page_size=page_size, include_draft=not no_draft
+    )
     if calibrate_log is not None:
         try:
             inputs = planner.calibrate_from_log(_read_log(calibrate_log), inputs)
@@ -103,18 +147,22 @@ def plan(model: str | None, config_path: str | None, kv_dtype: str | None, no_dr
     elif weights_gib >= gpu.pre_model_load_gib:
         raise click.BadParameter(
             f"{weights_gib} GiB of weights do not fit {gpu.pre_model_load_gib:.2f} GiB free before load; "
-            "check --weights-gib (per GPU) and --tp", param_hint="--weights-gib")
+            "check --weights-gib (per GPU) and --tp",
+            param_hint="--weights-gib",
+        )
     rows = planner.plan_table(inputs, fraction_list, chunk_list, context_target)
     best = planner.recommend(context_target, inputs, fraction_list, chunk_list)
     lowest = planner.lowest_fraction_for(context_target, inputs)
     if json_:
-        print_json({
-            "inputs": inputs,
-            "cell_bytes": inputs.cell_bytes,
-            "rows": rows,
-            "recommendation": best,
-            "lowest_fraction_for_target": lowest,
-        })
+        print_json(
+            {
+                "inputs": inputs,
+                "cell_bytes": inputs.cell_bytes,
+                "rows": rows,
+                "recommendation": best,
+                "lowest_fraction_for_target": lowest,
+            }
+        )
         return
     for note in inputs.notes:
         err_console.print(f"calibration: {note}")

@@ -21,6 +21,7 @@ from rich.table import Table
 from opsctl.config import load_config
 from opsctl.engine import look
 from opsctl.envfiles import effective_config
+from opsctl.guard.state import summary as guard_summary
 from opsctl.output import console, print_json
 from opsctl.systemd import unit_state
 
@@ -86,6 +87,10 @@ def collect(timeout_s: float) -> dict[str, Any]:
     if "sglang:token_usage" in metrics:
         kv["token_usage"] = metrics["sglang:token_usage"]
 
+    guard = guard_summary(config)
+    if guard["problem"]:
+        problems.append((WARNING, guard["problem"]))
+
     level = max((level for level, _ in problems), default=OK)
     return {
         "level": LEVEL_NAMES[level],
@@ -106,6 +111,7 @@ def collect(timeout_s: float) -> dict[str, Any]:
         "config": {s.name: dataclasses.asdict(s) | {"drift": s.drift} for s in effective.settings()},
         "kv_pool": kv,
         "gpus": gpu_summary(),
+        "guard": guard,
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     }
 
@@ -150,6 +156,8 @@ def render_human(report: dict[str, Any]) -> None:
         usage = f", {kv['token_usage']:.0%} in use" if "token_usage" in kv else ""
         table.add_row("kv pool", f"{kv['max_total_num_tokens']:,} tokens = {kv['share_of_target']:.1%} "
                                  f"of {kv['context_target']:,}{usage}")
+    guard = report["guard"]
+    table.add_row("guard", guard["state"] + (f": {guard['problem']}" if guard["problem"] else ""))
     gpus = report["gpus"]
     table.add_row("gpus", gpus if isinstance(gpus, str) else
                   ", ".join(f"{g['index']}: {g['memory_used_mib']:.0f}/{g['memory_total_mib']:.0f} MiB" for g in gpus))

@@ -1,7 +1,6 @@
 import os
 
 import pytest
-
 from labnode import LabNode, docker_available, lab_images_built
 
 

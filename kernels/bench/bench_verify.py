@@ -1,0 +1,184 @@
+"""Verify attention: ours next to SGLang's Triton verify path (extend_attention_fwd with a tree mask),
+same inputs, one run, on one GPU.
+
+    PEER_DIR=.peer python kernels/bench/bench_verify.py [--sweep] [--quick]
+
+Per point (bs requests, h heads, t draft tokens each, prefix L_b, page_size 1 scattered slots):
+  bytes = sum_b (L_b + t) * 576 * 2            each latent row read once (q, out: < 1%, left out)
+  flops = sum_b 2 * t * h * (L_b + t) * (576 + 512)   Q.K^T over 576 + P.V over 512
+  floor = max(bytes / copy_bw, flops / mm_rate), both ceilings measured in this run
+          (copy_bw: device-to-device copy, bytes read + written; mm_rate: 8192^3 bf16 matmul).
+Writes $OUT/bench_verify.json (when OUT is set) and prints the table last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import math
+import os
+import sys
+
+import torch
+import triton
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+va = importlib.import_module("dflash_kernels.verify_attention")
+from cases import SM_SCALE, load_peer, make_case, run_peer  # noqa: E402
+
+DK, DV = 576, 512
+
+
+def ceilings():
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
+    bw = 2 * x.numel() / (ms * 1e-3)
+    del x, y
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
+    return bw, 2 * 8192**3 / (ms * 1e-3)
+
+
+def work(lens, t, h):
+    byt = sum((L + t) * DK * 2 for L in lens)
+    fl = sum(2 * t * h * (L + t) * (DK + DV) for L in lens)
+    return byt, fl
+
+
+def time_ours(lens, t, h, variant=None, sets=None, merge_only=False):
+    """Median time of one verify call; rotates input sets so small problems do not sit in L2."""
+    cfg = variant
+    byt, _ = work(lens, t, h)
+    n_sets = sets or max(1, min(8, math.ceil(256e6 / byt)))
+    cases = [make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain",
+                       pool_extra=1024) for _ in range(n_sets)]
+    c0 = cases[0]
+    _, ns, _ = va.plan(c0["q"], len(lens), t, None, cfg)
+    ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
+    outs = [torch.empty(c["q"].shape[0], h, DV, dtype=torch.bfloat16, device="cuda") for c in cases]
+    it = [0]
+
+    def f():
+        i = it[0] % n_sets
+        it[0] += 1
+        c = cases[i]
+        va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"],
+                            c["qo_indptr"], c["tree_mask"], SM_SCALE, out=outs[i], workspace=ws,
+                            max_q_len=t, num_splits=ns, config=cfg)
+
+    ms = triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
+    # graph replay of the same call: what SGLang's captured decode step would see
+    g = torch.cuda.CUDAGraph()
+    it[0] = 0
+    f()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        f()
+    ms_g = triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
+    if merge_only:
+        c = cases[0]
+        ms_m = triton.testing.do_bench(lambda: va.verify_attention(
+            c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"], c["qo_indptr"],
+            c["tree_mask"], SM_SCALE, out=outs[0], workspace=ws, max_q_len=t, num_splits=ns,
+            config=cfg, _phases=("merge",)), warmup=25, rep=100, return_mode="median")
+        return ms, ms_g, ns, ms_m
+    return ms, ms_g, ns
+
+
+def time_peer(peer, lens, t, h):
+    c = make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024)
+    out = torch.empty(c["q"].shape[0], h, DV, dtype=torch.bfloat16, device="cuda")
+    run_peer(peer, c, out)  # compile
+    return triton.testing.do_bench(lambda: run_peer(peer, c, out), warmup=25, rep=200,
+                                   return_mode="median")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true", help="time several configs at 128k first")
+    ap.add_argument("--quick", action="store_true", help="fewer lengths")
+    ap.add_argument("--no-peer", action="store_true")
+    a = ap.parse_args()
+
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    bw, mm = ceilings()
+    head = dict(device=torch.cuda.get_device_name(), sms=props.multi_processor_count,
+                date=datetime.date.today().isoformat(), triton=triton.__version__,
+                torch=torch.__version__, copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12)
+    print(json.dumps(head))
+    peer = None if a.no_peer else load_peer()
+    result = dict(head=head, sweep=[], rows=[])
+
+    tried = []
+    if a.sweep:
+        V = va.VerifyConfig
+        variants = [
+            V(64, 64, 8, 2, 64, True), V(32, 32, 4, 2, 64, True, 2.0), V(32, 16, 4, 3, 64, True, 2.0),
+            V(32, 32, 4, 2, 64, True, 3.0), V(16, 32, 4, 2, 64, True, 2.0), V(32, 16, 4, 3, 64, True, 3.0),
+        ]
+        for t in (16, 64):
+            for v in variants:
+                try:
+                    ms, ms_g, ns, ms_m = time_ours([131072], t, 8, v, sets=1, merge_only=True)
+                except Exception as e:  # a config that does not fit: report and go on
+                    print(f"sweep t={t} {v}: failed {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                byt, fl = work([131072], t, 8)
+                floor = max(byt / bw, fl / mm) * 1e3
+                r = dict(t=t, cfg=str(v), splits=ns, us=ms * 1e3, us_graph=ms_g * 1e3,
+                         merge_us=ms_m * 1e3, pct=100 * floor / ms)
+                result["sweep"].append(r)
+                tried.append((t, ms, v))
+                print(f"sweep t={t:3d} {v} splits={ns}: {ms*1e3:8.1f} us "
+                      f"(graph {ms_g*1e3:8.1f}, merge alone {ms_m*1e3:6.1f})  {r['pct']:5.1f}% of floor", flush=True)
+
+    Ls = [1024, 8192, 32768, 131072, 200000] if a.quick else \
+        [1024, 4096, 8192, 16384, 32768, 65536, 131072, 200000]
+    points = [([L], t) for t in (16, 64) for L in Ls]
+    mix = [1024, 3000, 8192, 20000, 50000, 100000, 131072, 200000]
+    points += [(mix, 16), (mix, 64), ([32768] * 8, 16)]
+    best = {}
+    for t, ms, v in tried:
+        if t not in best or ms * 1e3 < best[t][0]:
+            best[t] = (ms * 1e3, v)
+    for t, (us, v) in best.items():
+        print(f"table uses for t={t}: {v} ({us:.1f} us at 128k)")
+    result["table_variants"] = {t: str(v) for t, (us, v) in best.items()}
+    for lens, t in points:
+        h = 8
+        ms, ms_g, ns = time_ours(lens, t, h, best[t][1] if t in best else None)
+        pms = time_peer(peer, lens, t, h) if peer is not None else float("nan")
+        byt, fl = work(lens, t, h)
+        floor = max(byt / bw, fl / mm) * 1e3
+        r = dict(bs=len(lens), lens=lens, t=t, h=h, splits=ns, ours_us=ms * 1e3,
+                 ours_graph_us=ms_g * 1e3, peer_us=pms * 1e3, floor_us=floor * 1e3,
+                 bound="memory" if byt / bw > fl / mm else "compute",
+                 ours_GBs=byt / (ms * 1e-3) / 1e9, ours_TFLOPs=fl / (ms * 1e-3) / 1e12,
+                 ours_pct_floor=100 * floor / ms, peer_pct_floor=100 * floor / pms,
+                 speedup=pms / ms)
+        result["rows"].append(r)
+        print(f"bs={len(lens)} t={t} L={max(lens)}: ours {ms*1e3:.1f} us, peer {pms*1e3:.1f} us", flush=True)
+
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "bench_verify.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    print(f"\n{head['device']}  copy {bw/1e12:.2f} TB/s  matmul {mm/1e12:.0f} TFLOP/s  "
+          f"triton {triton.__version__}  torch {torch.__version__}  {head['date']}")
+    print("| bs | L (max) | t | ours us | graph us | peer us | speedup | GB/s | TFLOP/s | floor us | bound | ours % floor | peer % floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in result["rows"]:
+        L = r["lens"][0] if r["bs"] == 1 else f"mix {max(r['lens'])}" if len(set(r["lens"])) > 1 else f"{r['lens'][0]} x{r['bs']}"
+        print(f"| {r['bs']} | {L} | {r['t']} | {r['ours_us']:.1f} | {r['ours_graph_us']:.1f} | {r['peer_us']:.0f} | "
+              f"{r['speedup']:.0f}x | {r['ours_GBs']:.0f} | {r['ours_TFLOPs']:.0f} | {r['floor_us']:.1f} | {r['bound']} | "
+              f"{r['ours_pct_floor']:.1f}% | {r['peer_pct_floor']:.2f}% |")
+
+
+if __name__ == "__main__":
+    main()

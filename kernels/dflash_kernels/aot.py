@@ -1,0 +1,132 @@
+"""Ahead-of-time build of the verify-attention kernels, on a machine with no GPU.
+
+    python -m dflash_kernels.aot --arch 120 --arch 90 --out DIR [--heads 8] [--batch-pad 8]
+
+For every arch it runs ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` on
+the split and merge kernels for each head count (DIR/sm_<arch>/verify_split_h<heads>.cubin, ...)
+and on the plan kernel for each batch bucket (verify_plan_b<pad>.cubin; the bucket BS_PAD is the
+power of two >= the batch size, at least 2, that the launcher passes), plus .ptx beside each, and
+writes DIR/manifest.json (archs, triton version, kernel names, constexpr configs, launch options,
+shared memory).
+The production image's build stage calls exactly this.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+# the package re-exports the function verify_attention, which hides the module of that name
+va = importlib.import_module(".verify_attention", __package__)
+
+# Pointer and scalar types of each kernel's runtime arguments, in order (the constexprs are
+# given apart). Index tensors are int32 here, as SGLang's Triton backend passes them.
+_PLAN_SIG = {"KV_INDPTR": "*i32", "PLAN": "*i32", "BATCH": "i32", "NUM_SPLITS": "i32"}
+_SPLIT_SIG = {
+    "Q": "*bf16", "K_EXT": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "KV_INDPTR": "*i32",
+    "QO_INDPTR": "*i32", "TREE_MASK": "*i32", "PLAN": "*i32", "PART_O": "*fp32", "PART_LSE": "*fp32",
+    "qk_scale": "fp32",
+    "stride_qt": "i32", "stride_qh": "i32", "stride_kext": "i32", "stride_kv": "i32",
+    "stride_mask": "i32", "rows_max": "i32", "NUM_SPLITS": "i32", "BATCH": "i32",
+}
+_MERGE_SIG = {
+    "PART_O": "*fp32", "PART_LSE": "*fp32", "PLAN": "*i32", "QO_INDPTR": "*i32",
+    "OUT": "*bf16", "LSE": "*fp32",
+    "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32", "stride_lh": "i32", "rows_max": "i32", "NUM_SPLITS": "i32", "BATCH": "i32",
+}
+
+
+# Arguments the JIT would specialise as multiples of 16 at run time (torch allocations are
+# 16-byte aligned; 576- and 512-wide rows): the AOT build must assume the same, or its loads
+# are not vectorised and it is not the code that runs.
+_DIV16 = {"Q", "K_EXT", "KV", "KV_INDICES", "KV_INDPTR", "QO_INDPTR", "TREE_MASK", "PLAN", "PART_O",
+          "PART_LSE", "OUT", "LSE", "stride_qt", "stride_qh", "stride_kext", "stride_kv",
+          "stride_ot", "stride_oh"}
+
+
+def _arch_key(arch: int) -> str:
+    return "sm90" if arch == 90 else ("sm120" if arch >= 120 else "sm80")
+
+
+def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
+    """(name, fn, signature, constexprs, options) for the three kernels at one arch, head count
+    and batch bucket."""
+    cfg = va.CONFIGS[_arch_key(arch)]
+    plan_const = dict(MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad,
+                      SLOT_BLOCK=va.PLAN_SLOT_BLOCK)
+    split_const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                       IDX_AHEAD=cfg.idx_ahead)
+    merge_const = dict(NUM_HEADS=heads, BLOCK_D=va.MERGE_BLOCK_D, SPLIT_CHUNK=va.MERGE_SPLIT_CHUNK,
+                       WRITE_LSE=True)
+    return [
+        ("verify_plan", va._verify_plan_kernel, _PLAN_SIG, plan_const, dict(num_warps=4, num_stages=1)),
+        ("verify_split", va._verify_split_kernel, _SPLIT_SIG, split_const,
+         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)),
+        ("verify_merge", va._verify_merge_kernel, _MERGE_SIG, merge_const,
+         dict(num_warps=va.MERGE_NUM_WARPS, num_stages=1)),
+    ]
+
+
+def compile_one(fn, signature, constexprs, arch: int, options: dict):
+    sig = dict(signature)
+    for k in constexprs:
+        sig[k] = "constexpr"
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in signature if k in _DIV16}
+    src = ASTSource(fn=fn, signature=sig, constexprs=dict(constexprs), attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def build(archs, out_dir: str, heads=(8, 16), bs_pads=(2, 8, 32, 128)) -> dict:
+    """Compile every kernel for every arch and head count into out_dir; return the manifest."""
+    os.makedirs(out_dir, exist_ok=True)
+    manifest = {"triton_version": triton.__version__, "archs": list(archs), "kernels": []}
+    for arch in archs:
+        sub = os.path.join(out_dir, f"sm_{arch}")
+        os.makedirs(sub, exist_ok=True)
+        jobs = []
+        for h in heads:
+            for name, fn, sig, const, opts in kernel_specs(arch, h):
+                if name != "verify_plan":  # the plan kernel depends on the batch bucket alone
+                    jobs.append((f"{name}_h{h}", fn, sig, const, opts, name))
+        for bp in bs_pads:
+            name, fn, sig, const, opts = kernel_specs(arch, heads[0], bp)[0]
+            jobs.append((f"{name}_b{bp}", fn, sig, const, opts, name))
+        for stem, fn, sig, const, opts, name in jobs:
+            k = compile_one(fn, sig, const, arch, opts)
+            cubin = os.path.join(sub, stem + ".cubin")
+            with open(cubin, "wb") as f:
+                f.write(k.asm["cubin"])
+            with open(os.path.join(sub, stem + ".ptx"), "w") as f:
+                f.write(k.asm["ptx"])
+            md = k.metadata
+            manifest["kernels"].append({
+                "name": name, "symbol": md.name, "arch": arch, "target": f"sm_{arch}",
+                "cubin": os.path.relpath(cubin, out_dir), "constexprs": const,
+                "num_warps": md.num_warps, "num_stages": md.num_stages, "shared_bytes": md.shared,
+            })
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, action="append", required=True, help="e.g. 120 or 90")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--heads", type=int, action="append", help="query heads per rank (default 8, 16)")
+    ap.add_argument("--batch-pad", type=int, action="append", help="batch buckets (default 2 8 32 128)")
+    a = ap.parse_args(argv)
+    m = build(a.arch, a.out, tuple(a.heads or (8, 16)), tuple(a.batch_pad or (2, 8, 32, 128)))
+    for k in m["kernels"]:
+        print(f"{k['cubin']:44s} shared {k['shared_bytes']:6d} B")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Make SGLang's Triton attention backend use ``verify_attention`` for target-verify on MLA models.
+
+Opt-in: nothing changes unless the environment variable DFLASH_VERIFY_KERNEL=1 is set in the
+server's processes; unset it (or set 0) to go back to SGLang's own kernels.
+
+How it hooks in (SGLang 0.5.23, ``sglang/srt/layers/attention/triton_backend.py``):
+``TritonAttnBackend.forward_extend`` already has a fast-path slot for target-verify. When
+``self.use_verify_shared_kv`` is true it calls ``self.verify_shared_kv_fwd(q, k, v, o, k_buffer,
+v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal, mask_indptr, max_extend_len,
+k_descale, v_descale, sm_scale, logit_cap=, sliding_window_size=, sinks=, window_kv_offsets=,
+xai_temperature_len=, max_bs=)`` and, if that returns True, uses ``o``; if it returns False it
+falls through to ``extend_attention_fwd``. This module wraps ``TritonAttnBackend.__init__`` so
+that, on MLA models, that slot holds ``MlaVerify``: it serves the cases it computes exactly and
+returns False (or defers to the fast path SGLang had chosen, if any) for everything else.
+
+Loading it in every server process (SGLang spawns its scheduler/TP workers, so a patch made in
+the launching process alone would be lost): write a one-line ``.pth`` file into site-packages,
+
+    python -m dflash_kernels.sglang_plugin --write-pth
+
+which imports ``dflash_kernels.sglang_plugin`` at interpreter start-up; with the variable set, that
+installs an import hook that patches the backend class right after SGLang imports it. Without
+the variable, the hook is not installed and nothing of this module runs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import os
+import sys
+import sysconfig
+
+ENV = "DFLASH_VERIFY_KERNEL"
+TARGET_MODULE = "sglang.srt.layers.attention.triton_backend"
+TARGET_CLASS = "TritonAttnBackend"
+PTH_NAME = "dflash_kernels_sglang.pth"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "0").strip() == "1"
+
+
+class MlaVerify:
+    """Callable with the signature of SGLang's verify fast paths. Returns True when it wrote ``o``,
+    else whatever ``fallback`` returns (False when there is none: SGLang then runs
+    ``extend_attention_fwd``)."""
+
+    def __init__(self, fallback=None):
+        self.fallback = fallback
+        self._workspaces: dict = {}
+        self.last_reason = None  # why the last call was not served (for logs and tests)
+
+    # -- which calls this kernel serves --
+    @staticmethod
+    def unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, k_descale, v_descale, logit_cap,
+                    sliding_window_size, sinks, window_kv_offsets, xai_temperature_len):
+        import torch
+        if not q.is_cuda:
+            return "not on a CUDA device"
+        if q.dim() != 3 or q.shape[-1] != 576 or q.dtype != torch.bfloat16:
+            return f"q {tuple(q.shape)} {q.dtype}: not MLA 576 bf16"
+        if o.shape[-1] != 512 or o.dtype != torch.bfloat16:
+            return f"o {tuple(o.shape)} {o.dtype}: not 512 bf16"
+        kb = k_buffer
+        if kb.dim() == 3 and kb.shape[1] == 1:
+            kb = kb[:, 0]
+        if kb.dim() != 2 or kb.shape[-1] != 576 or kb.dtype != torch.bfloat16:
+            return f"k_buffer {tuple(k_buffer.shape)} {k_buffer.dtype}: not a bf16 latent pool (fp8 KV not served)"
+        # V must be the first 512 latent values: MLA's pool hands out a view of the same rows
+        if v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.stride(0) != k_buffer.stride(0):
+            return "v_buffer is not a view of k_buffer"
+        if k.reshape(k.shape[0], -1).shape[-1] != 576 or k.dtype != torch.bfloat16:
+            return f"k {tuple(k.shape)} {k.dtype}: not bf16 latents"
+        if float(k_descale or 1.0) != 1.0 or float(v_descale or 1.0) != 1.0:
+            return "k/v descale != 1"
+        if logit_cap not in (None, 0, 0.0):
+            return "logit cap"
+        if sliding_window_size is not None and sliding_window_size > 0:
+            return "sliding window"
+        if sinks is not None:
+            return "attention sinks"
+        if window_kv_offsets is not None:
+            return "window offsets"
+        if xai_temperature_len is not None and xai_temperature_len > 0:
+            return "xai temperature"
+        return None
+
+    def __call__(self, q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                 custom_mask, causal, mask_indptr, max_extend_len, k_descale=1.0, v_descale=1.0,
+                 sm_scale=None, logit_cap=0.0, sliding_window_size=-1, sinks=None,
+                 window_kv_offsets=None, xai_temperature_len=-1, max_bs=None, **unknown):
+        reason = "unknown keyword arguments " + ", ".join(sorted(unknown)) if unknown else \
+            self.unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, k_descale, v_descale, logit_cap,
+                             sliding_window_size, sinks, window_kv_offsets, xai_temperature_len)
+        self.last_reason = reason
+        if reason is not None:
+            if self.fallback is None:
+                return False
+            return self.fallback(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                                 custom_mask, causal, mask_indptr, max_extend_len, k_descale, v_descale,
+                                 sm_scale, logit_cap=logit_cap, sliding_window_size=sliding_window_size,
+                                 sinks=sinks, window_kv_offsets=window_kv_offsets,
+                                 xai_temperature_len=xai_temperature_len, max_bs=max_bs, **unknown)
+        self._run(q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
+                  mask_indptr, int(max_extend_len), sm_scale)
+        return True
+
+    def _run(self, q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
+             mask_indptr, max_q_len, sm_scale):
+        import importlib
+
+        import torch
+        # (the package re-exports the function verify_attention, which hides the module's name)
+        va = importlib.import_module(".verify_attention", __package__)
+        n_tok, h = q.shape[0], q.shape[1]
+        batch = qo_indptr.shape[0] - 1
+        if qo_indptr.dtype != torch.int32:
+            qo_indptr = qo_indptr.to(torch.int32)
+        if kv_indptr.dtype != torch.int32:
+            kv_indptr = kv_indptr.to(torch.int32)
+        if custom_mask is not None:
+            tree = va.pack_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, max_q_len, num_tokens=n_tok)
+        else:
+            tree = chain_or_full_mask(qo_indptr, n_tok, max_q_len, causal)
+        cfg, ns, mq = va.plan(q, batch, max_q_len)
+        key = (q.device, batch, h, mq, ns)
+        ws = self._workspaces.get(key)
+        if ws is None:
+            ws = self._workspaces[key] = va.alloc_workspace(batch, h, mq, ns, q.device)
+        scale = sm_scale if sm_scale is not None else 576 ** -0.5  # SGLang's default: 1/sqrt(Lq)
+        va.verify_attention(q, k.reshape(n_tok, 576), k_buffer, kv_indices, kv_indptr, qo_indptr, tree,
+                            float(scale), out=o.view(n_tok, h, 512), workspace=ws, max_q_len=mq,
+                            num_splits=ns, config=cfg)
+
+
+def chain_or_full_mask(qo_indptr, num_tokens: int, max_q_len: int, causal: bool):
+    """Packed draft-block mask without a custom mask: lower-triangular (causal) or all visible."""
+    import torch
+
+    from .verify_attention import _pack_bits
+    dev = qo_indptr.device
+    words = -(-max_q_len // 32)
+    qo = qo_indptr.to(torch.int64)
+    rows = torch.arange(num_tokens, device=dev)
+    b = torch.searchsorted(qo[1:].contiguous(), rows, right=True).clamp_(max=qo.shape[0] - 2)
+    i = rows - qo[b]
+    t = qo[b + 1] - qo[b]
+    j = torch.arange(words * 32, device=dev)
+    bits = j[None, :] < t[:, None]
+    if causal:
+        bits &= j[None, :] <= i[:, None]
+    return _pack_bits(bits)
+
+
+def patch_backend_class(cls) -> bool:
+    """Wrap ``cls.__init__`` (SGLang's TritonAttnBackend) so that MLA backends route target-verify
+    through ``MlaVerify``. Idempotent. Returns True if it patched now."""
+    if getattr(cls, "_dflash_verify_patched", False):
+        return False
+    orig_init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        if not (enabled() and getattr(self, "use_mla", False)):
+            return
+        prev = None  # the fast path SGLang itself chose, kept as our fallback
+        if getattr(self, "use_verify_shared_kv", False):
+            prev = getattr(self, "verify_shared_kv_fwd", None)
+        elif getattr(self, "use_verify_splitkv", False):
+            prev = getattr(self, "verify_splitkv_fwd", None)
+        fn = MlaVerify(fallback=prev)
+        try:  # the backend wraps its own verify kernels the same way
+            import torch
+            fn_wrapped = torch.compiler.disable(fn)
+        except Exception:  # pragma: no cover - older torch
+            fn_wrapped = fn
+        self.dflash_verify = fn
+        self.verify_shared_kv_fwd = fn_wrapped
+        self.use_verify_shared_kv = True
+
+    __init__.__wrapped__ = orig_init
+    cls.__init__ = __init__
+    cls._dflash_verify_patched = True
+    return True
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Import hook: when TARGET_MODULE is imported, patch its TARGET_CLASS right after it runs."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != TARGET_MODULE:
+            return None
+        spec = None  # the spec the other finders give, with its loader wrapped
+        for finder in list(sys.meta_path):
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        orig_exec = loader.exec_module
+
+        def exec_module(module):
+            orig_exec(module)
+            cls = getattr(module, TARGET_CLASS, None)
+            if cls is not None:
+                patch_backend_class(cls)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def install() -> None:
+    """Patch now if SGLang's backend is already imported, else when it is imported."""
+    mod = sys.modules.get(TARGET_MODULE)
+    if mod is not None and hasattr(mod, TARGET_CLASS):
+        patch_backend_class(getattr(mod, TARGET_CLASS))
+        return
+    if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchAfterImport())
+
+
+def uninstall_hook() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchAfterImport)]
+
+
+def autoload() -> None:
+    """Entry of the .pth line: installs the hook only when DFLASH_VERIFY_KERNEL=1."""
+    if enabled():
+        install()
+
+
+# One line, run by site.py at every interpreter start: it reads the variable first, so without
+# DFLASH_VERIFY_KERNEL=1 it imports nothing (no torch, no triton) and costs nothing.
+PTH_LINE = ("import os; os.environ.get('DFLASH_VERIFY_KERNEL', '0').strip() == '1' and "
+            "__import__('dflash_kernels.sglang_plugin', fromlist=['autoload']).autoload()\n")
+
+
+def write_pth(site_dir: str | None = None) -> str:
+    site_dir = site_dir or sysconfig.get_paths()["purelib"]
+    path = os.path.join(site_dir, PTH_NAME)
+    with open(path, "w") as f:
+        f.write(PTH_LINE)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="SGLang target-verify plugin for dflash_kernels")
+    ap.add_argument("--write-pth", action="store_true", help="write the start-up .pth into site-packages")
+    ap.add_argument("--site-dir", help="site-packages folder (default: this interpreter's purelib)")
+    a = ap.parse_args(argv)
+    if a.write_pth:
+        print(write_pth(a.site_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

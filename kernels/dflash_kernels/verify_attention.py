@@ -1,0 +1,620 @@
+"""Target-verify attention for MLA (absorbed weights), split-KV, CUDA-graph safe.
+
+What it computes (the same function as SGLang's ``extend_attention_fwd`` in target-verify mode):
+for every request b with prefix length L_b and t_b draft tokens, every draft row i and head h
+
+    s_j  = sm_scale * <q[i, h, :576], K_j[:576]>        for the L_b prefix latents and the
+                                                        draft latents j that row i may see
+    out[i, h, :512] = sum_j softmax(s)_j * K_j[:512]     (V is the first 512 values of K)
+    lse[i, h]       = ln(sum_j exp(s_j))                 (optional)
+
+Every draft row sees the whole prefix; inside the t_b x t_b draft block a row sees only what the
+tree mask allows (its ancestors and itself; a chain is lower-triangular).
+
+Flow of this file:
+  1. the three ``@triton.jit`` kernels: ``_verify_plan_kernel`` (cuts the prefixes into
+     slices), ``_verify_split_kernel`` (one program = one block of BLOCK_M query rows x one
+     slice of a prefix, or a draft block) and ``_verify_merge_kernel`` (log-sum-exp merge of the
+     partial results);
+  2. launch configs per architecture and the split count;
+  3. the launcher (``verify_attention``), which validates shapes and builds a grid from static
+     sizes only;
+  4. mask helpers (SGLang's bool ``custom_mask`` -> bit-packed tree mask, parent array -> mask);
+  5. a plain-torch float32 reference.
+
+Layout decisions:
+  * All t_b * h query rows of a request sit in the MMA's M dimension (row r = token r // h,
+    head r % h), so each latent row loaded by a program serves every head and draft token of
+    its row block: KV traffic does not grow with t or h.
+  * Each latent row is loaded once per tile and used for both Q.K^T (all 576 values) and P.V
+    (its first 512 values).
+  * Split-KV, balanced over the batch: the prefixes of all requests are cut into slices of one
+    size (about total / NUM_SPLITS tokens, a multiple of BLOCK_N, at least MIN_CHUNK), so a long
+    request gets many slices and a short one few. A one-program kernel (``_verify_plan_kernel``)
+    writes the plan from kv_indptr on the device; programs past the last slice return at once.
+    Each request's draft block is one more slot. The merge kernel reads the same plan, so
+    nothing goes through the host.
+  * The grid is (row blocks for max_q_len, NUM_SPLITS + 2 * batch): only static sizes.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+try:
+    import torch
+except ImportError:  # the ahead-of-time build (aot.py) needs only the kernels and configs below
+    torch = None
+
+D_LATENT = 576  # kv_lora_rank 512 + qk_rope_head_dim 64
+D_NOPE = 512  # V = first 512 latent values
+D_ROPE = 64
+LOG2E = 1.4426950408889634  # 1/ln(2)
+
+
+# ----------------------------------------------------------------------------------------------
+# 1/ kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _online_softmax_step(q_nope, q_pe, kn, kp, visible, m_i, l_i, acc, qk_scale):
+    """One KV tile: s = Q.K^T (576 wide, split 512 + 64), online softmax, acc += P.V.
+
+    q_nope (M, 512) / q_pe (M, 64) bf16, kn (N, 512) / kp (N, 64) bf16, visible (M, N) or (1, N)
+    bool. Scores are kept in log2 units (qk_scale = sm_scale / ln 2).
+    """
+    s = tl.dot(q_nope, tl.trans(kn))
+    s = tl.dot(q_pe, tl.trans(kp), s)
+    s = tl.where(visible, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row with nothing visible so far keeps m = -inf; subtract 0 then so no NaN appears
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_sub)
+    p = tl.math.exp2(s - m_sub[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(kn.dtype), kn, acc)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BS_PAD: tl.constexpr, SLOT_BLOCK: tl.constexpr):
+    """One program. Cuts the batch's prefixes into about NUM_SPLITS equal slices, balanced over
+    requests: chunk = ceil(total / NUM_SPLITS) rounded up to BLOCK_N (at least MIN_CHUNK);
+    request i gets n_i = ceil(L_i / chunk) slices at slots first_i .. first_i + n_i - 1
+    (sum n_i <= NUM_SPLITS + BATCH since chunk >= total / NUM_SPLITS). Writes, int32:
+      PLAN[p, 0:3]           = (request, lo, hi) of prefix slot p (request = BATCH: unused slot)
+      PLAN[S + i, 0:2]       = (first_i, n_i), S = NUM_SPLITS + BATCH, for the merge kernel."""
+    offs_b = tl.arange(0, BS_PAD)
+    b_ok = offs_b < BATCH
+    start = tl.load(KV_INDPTR + offs_b, mask=b_ok, other=0)
+    lens = tl.load(KV_INDPTR + offs_b + 1, mask=b_ok, other=0) - start
+    total = tl.sum(lens, 0)
+    chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.maximum(chunk, tl.cdiv(MIN_CHUNK, BLOCK_N) * BLOCK_N)
+    n_sl = tl.cdiv(lens, chunk)
+    end = tl.cumsum(n_sl, 0)
+    first = end - n_sl
+    n_slots = NUM_SPLITS + BATCH
+    tl.store(PLAN + (n_slots + offs_b) * 4 + 0, first, mask=b_ok)
+    tl.store(PLAN + (n_slots + offs_b) * 4 + 1, n_sl, mask=b_ok)
+    for p0 in range(0, n_slots, SLOT_BLOCK):
+        p = p0 + tl.arange(0, SLOT_BLOCK)
+        # request of slot p: the number of requests whose slices end at or before p
+        owner = tl.sum(((end[None, :] <= p[:, None]) & b_ok[None, :]).to(tl.int32), 1)
+        sel = offs_b[None, :] == owner[:, None]
+        f = tl.sum(tl.where(sel, first[None, :], 0), 1)
+        L = tl.sum(tl.where(sel, lens[None, :], 0), 1)
+        lo = (p - f) * chunk
+        hi = tl.minimum(lo + chunk, L)
+        ok = p < n_slots
+        tl.store(PLAN + p * 4 + 0, owner, mask=ok)
+        tl.store(PLAN + p * 4 + 1, lo, mask=ok)
+        tl.store(PLAN + p * 4 + 2, hi, mask=ok)
+
+
+@triton.jit
+def _verify_split_kernel(
+    Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
+    PART_O, PART_LSE,
+    qk_scale,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    rows_max, NUM_SPLITS, BATCH,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IDX_AHEAD: tl.constexpr,
+):
+    pid_m = tl.program_id(0)  # block of query rows (fastest: blocks of one slice share its KV in L2)
+    pid_s = tl.program_id(1)  # slot: prefix slice (< NUM_SPLITS + BATCH) or a request's draft block
+
+    # -- which request and which part of it this program takes (from the plan kernel) --
+    is_draft = pid_s >= NUM_SPLITS + BATCH
+    if is_draft:
+        b = pid_s - (NUM_SPLITS + BATCH)
+        lo = 0
+        hi = 0
+    else:
+        b = tl.load(PLAN + pid_s * 4)
+        lo = tl.load(PLAN + pid_s * 4 + 1)
+        hi = tl.load(PLAN + pid_s * 4 + 2)
+    if b >= BATCH:
+        return  # a slot past the last slice of the batch
+    qo_start = tl.load(QO_INDPTR + b)
+    t_b = tl.load(QO_INDPTR + b + 1) - qo_start
+    n_rows = t_b * NUM_HEADS
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    kv_start = tl.load(KV_INDPTR + b)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < n_rows
+    tok = offs_m // NUM_HEADS
+    head = offs_m % NUM_HEADS
+    offs_dn = tl.arange(0, 512)
+    offs_dp = 512 + tl.arange(0, 64)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q_row = Q + (qo_start + tok).to(tl.int64) * stride_qt + head * stride_qh
+    q_nope = tl.load(q_row[:, None] + offs_dn[None, :], mask=row_ok[:, None], other=0.0)
+    q_pe = tl.load(q_row[:, None] + offs_dp[None, :], mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, 512], tl.float32)
+
+    # One loop serves both kinds of program, so the compiler pipelines a single loop:
+    #   prefix slice: keys at pool slots kv_indices[lo:hi], all visible;
+    #   draft block:  keys are the request's t_b draft latents, visible as the tree mask says.
+    if is_draft:
+        lo = 0
+        hi = t_b
+        k_base = K_EXT
+        k_stride = stride_kext
+    else:
+        k_base = KV
+        k_stride = stride_kv
+    idx_ptr = KV_INDICES + kv_start
+    mask_row = TREE_MASK + (qo_start + tok).to(tl.int64) * stride_mask
+    if IDX_AHEAD:
+        # the slot indices of the next tile are loaded one iteration ahead, so that the latent
+        # gather of a tile does not wait for its own index load
+        slot_nx = tl.load(idx_ptr + lo + offs_n, mask=(lo + offs_n < hi) & (not is_draft), other=0)
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + offs_n
+        col_ok = cols < hi
+        if IDX_AHEAD:
+            slot = slot_nx
+            slot_nx = tl.load(idx_ptr + cols + BLOCK_N, mask=(cols + BLOCK_N < hi) & (not is_draft), other=0)
+        else:
+            slot = tl.load(idx_ptr + cols, mask=col_ok & (not is_draft), other=0)
+        slot = tl.where(is_draft, qo_start + cols, slot).to(tl.int64)
+        k_row = k_base + slot * k_stride
+        kn = tl.load(k_row[:, None] + offs_dn[None, :], mask=col_ok[:, None], other=0.0)
+        kp = tl.load(k_row[:, None] + offs_dp[None, :], mask=col_ok[:, None], other=0.0)
+        # tree mask: a draft tile starts at a multiple of BLOCK_N, so it spans one 32-bit word
+        # per row (two when BLOCK_N = 64); prefix programs load nothing here
+        w0 = tl.load(mask_row + (n0 >> 5), mask=row_ok & is_draft, other=0)
+        if BLOCK_N > 32:
+            w1 = tl.load(mask_row + (n0 >> 5) + 1, mask=row_ok & is_draft & (n0 + 32 < hi), other=0)
+            word = tl.where(((cols >> 5) & 1)[None, :] == 0, w0[:, None], w1[:, None])
+        else:
+            word = w0[:, None]
+        bit = (word >> (cols & 31)[None, :]) & 1
+        visible = ((bit != 0) | (not is_draft)) & col_ok[None, :]
+        m_i, l_i, acc = _online_softmax_step(q_nope, q_pe, kn, kp, visible, m_i, l_i, acc, qk_scale)
+
+    # -- partial result: normalised output and log2-sum-exp2 of this slice --
+    has = l_i > 0.0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    part = pid_s.to(tl.int64) * rows_max + offs_m
+    tl.store(PART_O + part[:, None] * 512 + offs_dn[None, :], o, mask=row_ok[:, None])
+    tl.store(PART_LSE + part, lse2, mask=row_ok)
+
+
+@triton.jit
+def _verify_merge_kernel(
+    PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE,
+    stride_ot, stride_oh, stride_lt, stride_lh,
+    rows_max, NUM_SPLITS, BATCH,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """One program = one query row x BLOCK_D output columns. Loads SPLIT_CHUNK partials at a
+    time (many loads in flight) in two passes: the max of the partial lse, then the weighted sum."""
+    r = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    b = tl.program_id(2)
+    qo_start = tl.load(QO_INDPTR + b)
+    n_rows = (tl.load(QO_INDPTR + b + 1) - qo_start) * NUM_HEADS
+    if r >= n_rows:
+        return
+    s_first = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4)  # this request's first prefix slot
+    n_used = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1)  # and its slot count (0 if L == 0)
+
+    offs_s = tl.arange(0, SPLIT_CHUNK)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    base = (s_first * rows_max + r).to(tl.int64)  # partial of slice s: base + s * rows_max
+    draft = (NUM_SPLITS + BATCH + b).to(tl.int64) * rows_max + r
+
+    # -- pass 1: the largest partial lse (draft slice included) --
+    lse_d = tl.load(PART_LSE + draft)
+    m = lse_d
+    for s0 in range(0, n_used, SPLIT_CHUNK):
+        sp = s0 + offs_s
+        lse_s = tl.load(PART_LSE + base + sp.to(tl.int64) * rows_max, mask=sp < n_used, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse_s, 0))
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+
+    # -- pass 2: weighted sum of the normalised partial outputs --
+    w_d = tl.math.exp2(lse_d - m_sub)
+    acc = w_d * tl.load(PART_O + draft * 512 + offs_d)
+    w_sum = w_d
+    for s0 in range(0, n_used, SPLIT_CHUNK):
+        sp = s0 + offs_s
+        ok = sp < n_used
+        part = base + sp.to(tl.int64) * rows_max
+        lse_s = tl.load(PART_LSE + part, mask=ok, other=float("-inf"))
+        w = tl.math.exp2(lse_s - m_sub)
+        o_s = tl.load(PART_O + part[:, None] * 512 + offs_d[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * o_s, 0)
+        w_sum += tl.sum(w, 0)
+
+    has = w_sum > 0.0
+    out = acc / tl.where(has, w_sum, 1.0)
+    tok = r // NUM_HEADS
+    head = r % NUM_HEADS
+    o_row = OUT + (qo_start + tok).to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(o_row + offs_d, out.to(OUT.dtype.element_ty))
+    if WRITE_LSE:
+        if pid_d == 0:
+            lse = tl.where(has, (m_sub + tl.math.log2(tl.where(has, w_sum, 1.0))) * 0.6931471805599453,
+                           float("-inf"))  # log2 -> natural log
+            tl.store(LSE + (qo_start + tok).to(tl.int64) * stride_lt + head * stride_lh, lse)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2/ launch configs
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VerifyConfig:
+    block_m: int  # query rows (draft tokens x heads) per program
+    block_n: int  # latent rows per KV tile
+    num_warps: int
+    num_stages: int
+    min_chunk: int = 256  # fewest prefix tokens worth a program of their own
+    idx_ahead: bool = False  # load the next tile's slot indices one iteration early
+    waves: float = 1.0  # programs per SM the default split count aims at (2: two resident CTAs)
+
+    def smem_bytes(self) -> int:
+        """Rough shared-memory need: Q tile once plus num_stages KV tiles (bf16)."""
+        return 2 * D_LATENT * (self.block_m + max(self.num_stages, 1) * self.block_n)
+
+
+# Hopper (H100/H200, 227 KB shared memory per block): 64 rows x 512 fp32 accumulators need 8 warps.
+# sm_120 (RTX PRO 6000 / RTX 50xx, ~99 KB per block) and sm_80/89: a smaller tile that fits.
+CONFIGS = {
+    # measured best on the H200 among the candidates in bench_verify.py --sweep (RESULTS.md)
+    "sm90": VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, min_chunk=64, idx_ahead=True),
+    "sm120": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
+    "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
+}
+MERGE_BLOCK_D = 128  # output columns per merge program
+MERGE_SPLIT_CHUNK = 32  # partials loaded at once by a merge program
+MERGE_NUM_WARPS = 4
+PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
+
+
+def config_for_arch(major: int, minor: int = 0) -> VerifyConfig:
+    if major == 9:
+        return CONFIGS["sm90"]
+    if major >= 12:
+        return CONFIGS["sm120"]
+    return CONFIGS["sm80"]
+
+
+_DEVICE_CACHE: dict = {}
+# Triton's CPU interpreter (TRITON_INTERPRET=1) runs these kernels on CPU tensors: the CPU tests
+# use it to check the kernels' logic on a machine with no GPU.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _device_info(device: torch.device):
+    if device.type == "cpu":
+        return (8, 0, 4)  # interpreter: small tiles, a few "SMs" so several slices are exercised
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _DEVICE_CACHE:
+        p = torch.cuda.get_device_properties(idx)
+        _DEVICE_CACHE[idx] = (p.major, p.minor, p.multi_processor_count)
+    return _DEVICE_CACHE[idx]
+
+
+def default_num_splits(num_sms: int, batch: int, row_blocks: int, waves: float = 1.0) -> int:
+    """Prefix slices for the whole batch (shared out by length on the device) so that
+    row_blocks x slices <= waves x SMs (one program per SM at these tile sizes; rounding down
+    avoids a last, nearly empty wave). Depends on static sizes only."""
+    return max(1, min(1024, int(waves * num_sms) // max(1, row_blocks)))
+
+
+# ----------------------------------------------------------------------------------------------
+# 3/ launcher
+# ----------------------------------------------------------------------------------------------
+def _latent_2d(x: torch.Tensor, name: str) -> torch.Tensor:
+    if x.dim() == 3:
+        if x.shape[1] != 1:
+            raise ValueError(f"{name}: expected (n, 1, 576) or (n, 576), got {tuple(x.shape)}")
+        x = x[:, 0]
+    if x.dim() != 2 or x.shape[1] != D_LATENT:
+        raise ValueError(f"{name}: expected (n, 576) or (n, 1, 576), got {tuple(x.shape)}")
+    if x.stride(1) != 1:
+        raise ValueError(f"{name}: the latent dimension must be contiguous")
+    return x
+
+
+def workspace_shape(batch: int, num_heads: int, max_q_len: int, num_splits: int):
+    """Shapes of the two scratch tensors: partial outputs and partial log2-sum-exp2, one slot per
+    prefix slice (at most num_splits + batch) and one per request's draft block."""
+    rows = max_q_len * num_heads
+    slots = num_splits + 2 * batch
+    return (slots, rows, D_NOPE), (slots, rows), (slots, 4)
+
+
+def alloc_workspace(batch, num_heads, max_q_len, num_splits, device):
+    """(partial_o float32, partial_lse float32, plan int32) for ``verify_attention``."""
+    so, sl, sp = workspace_shape(batch, num_heads, max_q_len, num_splits)
+    return (torch.empty(so, dtype=torch.float32, device=device),
+            torch.empty(sl, dtype=torch.float32, device=device),
+            torch.empty(sp, dtype=torch.int32, device=device))
+
+
+def plan(q: torch.Tensor, batch: int, max_q_len: int | None = None, num_splits: int | None = None,
+         config: VerifyConfig | None = None, waves: float | None = None):
+    """Static launch plan (config, num_splits, max_q_len) from shapes and the device only."""
+    major, minor, sms = _device_info(q.device)
+    cfg = config or config_for_arch(major, minor)
+    h = q.shape[1]
+    mq = int(max_q_len) if max_q_len is not None else q.shape[0]
+    row_blocks = triton.cdiv(mq * h, cfg.block_m)
+    ns = num_splits or default_num_splits(sms, batch, row_blocks, waves or cfg.waves)
+    return cfg, ns, mq
+
+
+def verify_attention(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    max_q_len: int | None = None,
+    num_splits: int | None = None,
+    config: VerifyConfig | None = None,
+    _phases: tuple = ("split", "merge"),
+) -> torch.Tensor:
+    """MLA target-verify attention.
+
+    Args:
+      q: (num_tokens, num_heads, 576) bfloat16; num_tokens = sum_b t_b, rows of request b are
+         qo_indptr[b] .. qo_indptr[b+1].
+      k_extend: (num_tokens, 576) or (num_tokens, 1, 576) bfloat16, the draft tokens' own latents
+         (row r is the latent of draft token r), as SGLang passes them beside the pool.
+      kv_cache: (pool_tokens, 576) or (pool_tokens, 1, 576) bfloat16, the latent pool.
+      kv_indices: (>= kv_indptr[-1],) int32 or int64, the pool slot of every prefix token
+         (token-level for any page size, as SGLang's Triton backend builds them).
+      kv_indptr: (batch + 1,) int32, prefix of request b is kv_indices[kv_indptr[b]:kv_indptr[b+1]].
+      qo_indptr: (batch + 1,) int32.
+      tree_mask: (num_tokens, ceil(max_q_len / 32)) int32, bit-packed draft block: bit j of word
+         j // 32 in row r says whether draft row r sees draft token j of its own request.
+         See ``pack_custom_mask``, ``tree_mask_from_parents``, ``chain_tree_mask``.
+      sm_scale: softmax scale (1/sqrt(192) for DeepSeek V3 / Kimi K2).
+      out: optional (num_tokens, num_heads, 512) bfloat16 output, written in place.
+      lse: optional (num_tokens, num_heads) float32, natural-log sum-exp of the scaled scores.
+      workspace: optional (partial_o, partial_lse, plan) from ``alloc_workspace`` (required for CUDA
+         graph capture: without it this call allocates).
+      max_q_len: static upper bound on t_b (default num_tokens). Sets the grid; graph-safe.
+      num_splits: prefix slices per request (default: fill the chip once for this batch size).
+    Returns ``out``.
+    """
+    # -- validation --
+    if q.dim() != 3 or q.shape[2] != D_LATENT:
+        raise ValueError(f"q: expected (num_tokens, num_heads, 576), got {tuple(q.shape)}")
+    if q.dtype != torch.bfloat16:
+        raise TypeError(f"q: expected bfloat16, got {q.dtype}")
+    if q.stride(2) != 1:
+        raise ValueError("q: the last dimension must be contiguous")
+    if not q.is_cuda and not _INTERPRET:
+        raise ValueError("q: expected a CUDA tensor")
+    n_tok, h, _ = q.shape
+    k_ext = _latent_2d(k_extend, "k_extend")
+    kv = _latent_2d(kv_cache, "kv_cache")
+    for name, x in (("k_extend", k_ext), ("kv_cache", kv)):
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"{name}: expected bfloat16, got {x.dtype} (fp8 KV is not supported yet)")
+        if x.device != q.device:
+            raise ValueError(f"{name}: on {x.device}, q on {q.device}")
+    if k_ext.shape[0] != n_tok:
+        raise ValueError(f"k_extend: {k_ext.shape[0]} rows, q has {n_tok} tokens")
+    if kv_indices.dtype not in (torch.int32, torch.int64) or kv_indices.dim() != 1:
+        raise TypeError(f"kv_indices: expected 1-D int32/int64, got {kv_indices.dtype} {tuple(kv_indices.shape)}")
+    for name, x in (("kv_indptr", kv_indptr), ("qo_indptr", qo_indptr)):
+        if x.dtype != torch.int32 or x.dim() != 1:
+            raise TypeError(f"{name}: expected 1-D int32, got {x.dtype} {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: on {x.device}, q on {q.device}")
+    batch = qo_indptr.shape[0] - 1
+    if batch < 1 or kv_indptr.shape[0] != batch + 1:
+        raise ValueError(f"qo_indptr ({qo_indptr.shape[0]}) and kv_indptr ({kv_indptr.shape[0]}) must both be batch + 1 >= 2 long")
+    cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config)
+    words = triton.cdiv(mq, 32)
+    if tree_mask.dtype != torch.int32 or tree_mask.dim() != 2 or tree_mask.shape[0] != n_tok \
+            or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:
+        raise ValueError(f"tree_mask: expected int32 ({n_tok}, >= {words}) with contiguous rows, "
+                         f"got {tree_mask.dtype} {tuple(tree_mask.shape)}")
+    if out is None:
+        out = torch.empty((n_tok, h, D_NOPE), dtype=torch.bfloat16, device=q.device)
+    elif out.shape != (n_tok, h, D_NOPE) or out.dtype != torch.bfloat16 or out.stride(2) != 1:
+        raise ValueError(f"out: expected bfloat16 ({n_tok}, {h}, 512), got {out.dtype} {tuple(out.shape)}")
+    if lse is not None and (lse.shape != (n_tok, h) or lse.dtype != torch.float32):
+        raise ValueError(f"lse: expected float32 ({n_tok}, {h}), got {lse.dtype} {tuple(lse.shape)}")
+    so, sl, sp = workspace_shape(batch, h, mq, ns)
+    if workspace is None:
+        workspace = alloc_workspace(batch, h, mq, ns, q.device)
+    part_o, part_lse, plan_buf = workspace
+    if part_o.shape != so or part_lse.shape != sl or plan_buf.shape != sp \
+            or part_o.dtype != torch.float32 or part_lse.dtype != torch.float32 \
+            or plan_buf.dtype != torch.int32 or not all(x.is_contiguous() for x in workspace):
+        raise ValueError(f"workspace: expected contiguous float32 {so}, float32 {sl}, int32 {sp} "
+                         f"(alloc_workspace), got {[tuple(x.shape) for x in workspace]}")
+    if n_tok == 0:
+        return out
+
+    rows_max = mq * h
+    bs_pad = triton.next_power_of_2(max(batch, 2))
+    grid = (triton.cdiv(rows_max, cfg.block_m), ns + 2 * batch)
+    if "split" in _phases:  # (_phases: the benchmark times the merge alone)
+        _verify_plan_kernel[(1,)](
+            kv_indptr, plan_buf, batch, ns,
+            MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad, SLOT_BLOCK=PLAN_SLOT_BLOCK,
+            num_warps=4, num_stages=1,
+        )
+        _verify_split_kernel[grid](
+            q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, plan_buf,
+            part_o, part_lse,
+            sm_scale * LOG2E,
+            q.stride(0), q.stride(1), k_ext.stride(0), kv.stride(0), tree_mask.stride(0),
+            rows_max, ns, batch,
+            NUM_HEADS=h,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IDX_AHEAD=cfg.idx_ahead,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
+    if "merge" in _phases:
+        _verify_merge_kernel[(rows_max, D_NOPE // MERGE_BLOCK_D, batch)](
+            part_o, part_lse, plan_buf, qo_indptr, out, lse_arg,
+            out.stride(0), out.stride(1),
+            lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+            rows_max, ns, batch,
+            NUM_HEADS=h,
+            BLOCK_D=MERGE_BLOCK_D, SPLIT_CHUNK=MERGE_SPLIT_CHUNK, WRITE_LSE=lse is not None,
+            num_warps=MERGE_NUM_WARPS, num_stages=1,
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 4/ masks
+# ----------------------------------------------------------------------------------------------
+def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """bits: (n, words * 32) bool -> (n, words) int32, bit j of word w = column 32 w + j."""
+    n, cols = bits.shape
+    w = bits.view(n, cols // 32, 32).to(torch.int64)
+    shifts = torch.arange(32, device=bits.device, dtype=torch.int64)
+    v = (w << shifts).sum(-1)  # in [0, 2^32)
+    v = torch.where(v >= 2**31, v - 2**32, v)
+    return v.to(torch.int32)
+
+
+def pack_custom_mask(custom_mask: torch.Tensor, mask_indptr: torch.Tensor, qo_indptr: torch.Tensor,
+                     kv_indptr: torch.Tensor, max_q_len: int, num_tokens: int | None = None) -> torch.Tensor:
+    """SGLang's flat bool custom_mask -> bit-packed draft-block mask.
+
+    custom_mask: flat bool/uint8; request b's block is row-major t_b x (L_b + t_b) starting at
+      mask_indptr[b] (t_b = qo_indptr[b+1] - qo_indptr[b], L_b = kv_indptr[b+1] - kv_indptr[b]).
+    Returns (num_tokens, ceil(max_q_len / 32)) int32. Only the draft columns are read: the prefix
+    is always visible (SGLang's skip_prefix_custom_mask=True). num_tokens defaults to
+    max_q_len * batch when not given; pass q.shape[0]. Fixed shapes, no host sync: graph-safe.
+    """
+    dev = custom_mask.device
+    batch = qo_indptr.shape[0] - 1
+    if num_tokens is None:
+        num_tokens = max_q_len * batch
+    words = triton.cdiv(max_q_len, 32)
+    qo = qo_indptr.to(torch.int64)
+    kv = kv_indptr.to(torch.int64)
+    rows = torch.arange(num_tokens, device=dev, dtype=torch.int64)
+    b = torch.searchsorted(qo[1:].contiguous(), rows, right=True).clamp_(max=batch - 1)
+    i = rows - qo[b]
+    t_b = qo[b + 1] - qo[b]
+    L_b = kv[b + 1] - kv[b]
+    j = torch.arange(words * 32, device=dev, dtype=torch.int64)
+    pos = mask_indptr.to(torch.int64)[b][:, None] + (i * (L_b + t_b) + L_b)[:, None] + j[None, :]
+    ok = (j[None, :] < t_b[:, None]) & (i < t_b)[:, None]
+    pos = torch.where(ok, pos, torch.zeros_like(pos)).clamp_(max=max(custom_mask.numel() - 1, 0))
+    bits = custom_mask.reshape(-1)[pos].to(torch.bool) & ok
+    return _pack_bits(bits)
+
+
+def chain_tree_mask(t: int, device=None) -> torch.Tensor:
+    """(t, t) bool: draft token i sees 0..i (a chain)."""
+    return torch.tril(torch.ones(t, t, dtype=torch.bool, device=device))
+
+
+def tree_mask_from_parents(parents: torch.Tensor) -> torch.Tensor:
+    """parents: (t,) int, parents[i] < i the parent of draft token i, -1 for the root(s).
+    Returns (t, t) bool: row i sees its ancestors and itself."""
+    t = parents.shape[0]
+    m = torch.eye(t, dtype=torch.bool, device=parents.device)
+    par = parents.tolist()
+    for i in range(t):
+        p = par[i]
+        if p >= 0:
+            if p >= i:
+                raise ValueError(f"parents[{i}] = {p}: a parent must come before its child")
+            m[i] |= m[p]
+    return m
+
+
+def pack_tree_masks(blocks: list, max_q_len: int | None = None) -> torch.Tensor:
+    """Per-request (t_b, t_b) bool blocks -> (sum t_b, ceil(max_q_len / 32)) int32."""
+    mq = max_q_len or max(blk.shape[0] for blk in blocks)
+    words = triton.cdiv(mq, 32)
+    rows = []
+    for blk in blocks:
+        t = blk.shape[0]
+        full = torch.zeros(t, words * 32, dtype=torch.bool, device=blk.device)
+        full[:, :t] = blk
+        rows.append(full)
+    return _pack_bits(torch.cat(rows))
+
+
+# ----------------------------------------------------------------------------------------------
+# 5/ reference
+# ----------------------------------------------------------------------------------------------
+def reference_verify_attention(q, k_extend, kv_cache, kv_indices, kv_indptr, qo_indptr, tree_blocks,
+                               sm_scale):
+    """Plain torch, float32: returns (out (num_tokens, h, 512) float32, lse (num_tokens, h)).
+    tree_blocks: list of per-request (t_b, t_b) bool masks."""
+    k_ext = k_extend.reshape(k_extend.shape[0], D_LATENT).float()
+    kv = kv_cache.reshape(-1, D_LATENT)
+    qo = qo_indptr.tolist()
+    kvp = kv_indptr.tolist()
+    outs, lses = [], []
+    for b in range(len(qo) - 1):
+        t = qo[b + 1] - qo[b]
+        if t == 0:
+            continue
+        idx = kv_indices[kvp[b]:kvp[b + 1]].long()
+        keys = torch.cat([kv[idx].float(), k_ext[qo[b]:qo[b + 1]]], 0)  # (L + t, 576)
+        L = idx.shape[0]
+        qb = q[qo[b]:qo[b + 1]].float()  # (t, h, 576)
+        s = torch.einsum("thd,nd->thn", qb, keys) * sm_scale
+        vis = torch.ones(t, L + t, dtype=torch.bool, device=q.device)
+        vis[:, L:] = tree_blocks[b].to(q.device)
+        s = s.masked_fill(~vis[:, None, :], float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None])
+        outs.append(torch.einsum("thn,nd->thd", p, keys[:, :D_NOPE]))
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)

@@ -1,0 +1,104 @@
+"""Random verify-attention problems shared by the tests: fresh inputs on every call."""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+
+import torch
+
+va = importlib.import_module("dflash_kernels.verify_attention")
+
+SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek V3 / Kimi K2: 1/sqrt(128 + 64)
+
+
+def random_parents(t: int, gen: torch.Generator) -> torch.Tensor:
+    """A random tree over t draft tokens in topological order (parent index < child index)."""
+    par = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
+    return torch.tensor(par)
+
+
+def make_case(lens, ts, heads, mask="chain", page_size=1, idx_dtype=torch.int32, device="cuda",
+              seed=None, pool_extra=4096, max_q_len=None):
+    """lens: prefix length per request; ts: draft tokens per request. The pool holds the
+    prefixes at scattered slots (page_size 1: a random permutation; page_size P: random pages,
+    tokens contiguous inside a page) and random rows elsewhere."""
+    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    bs = len(lens)
+    n_pages = sum(math.ceil(L / page_size) for L in lens) + pool_extra // page_size + 1
+    pool = n_pages * page_size
+    kv = torch.randn(pool, va.D_LATENT, generator=gen).to(torch.bfloat16)
+    perm = torch.randperm(n_pages, generator=gen)
+    idx, p0 = [], 0
+    for L in lens:
+        np_ = math.ceil(L / page_size)
+        pages = perm[p0:p0 + np_]
+        p0 += np_
+        tok = (pages[:, None] * page_size + torch.arange(page_size)[None, :]).reshape(-1)[:L]
+        idx.append(tok)
+    kv_indices = torch.cat(idx).to(idx_dtype) if idx else torch.zeros(0, dtype=idx_dtype)
+    kv_indptr = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+    qo_indptr = torch.tensor([0] + list(torch.tensor(ts).cumsum(0).tolist()), dtype=torch.int32)
+    n = sum(ts)
+    q = torch.randn(n, heads, va.D_LATENT, generator=gen).to(torch.bfloat16)
+    k_ext = torch.randn(n, va.D_LATENT, generator=gen).to(torch.bfloat16)
+    blocks = []
+    for t in ts:
+        if mask == "chain":
+            blocks.append(va.chain_tree_mask(t))
+        else:
+            blocks.append(va.tree_mask_from_parents(random_parents(t, gen)))
+    mq = max_q_len or max(ts)
+    tree = va.pack_tree_masks(blocks, mq)
+    d = dict(q=q, k_extend=k_ext, kv_cache=kv, kv_indices=kv_indices, kv_indptr=kv_indptr,
+             qo_indptr=qo_indptr, tree_mask=tree)
+    d = {k: v.to(device) for k, v in d.items()}
+    d["blocks"] = [b.to(device) for b in blocks]
+    d["max_q_len"] = mq
+    return d
+
+
+def sglang_custom_mask(case):
+    """The same mask in SGLang's layout: per request a flat bool t x (L + t), prefix all True."""
+    qo = case["qo_indptr"].tolist()
+    kvp = case["kv_indptr"].tolist()
+    parts, ptr = [], [0]
+    for b, blk in enumerate(case["blocks"]):
+        t = qo[b + 1] - qo[b]
+        L = kvp[b + 1] - kvp[b]
+        full = torch.ones(t, L + t, dtype=torch.bool, device=blk.device)
+        full[:, L:] = blk
+        parts.append(full.reshape(-1))
+        ptr.append(ptr[-1] + t * (L + t))
+    return torch.cat(parts), torch.tensor(ptr, dtype=torch.int64, device=case["q"].device)
+
+
+def load_peer():
+    """SGLang's extend_attention_fwd from the folder fetch_peer.sh makes (PEER_DIR, default
+    .peer at the repository root), or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    peer = os.environ.get("PEER_DIR", os.path.join(here, "..", "..", ".peer"))
+    if not os.path.isdir(os.path.join(peer, "sglang")):
+        return None
+    if peer not in sys.path:
+        sys.path.insert(0, peer)
+    import stubs  # noqa: E402  (from the peer folder)
+    stubs.install()
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    return extend_attention_fwd
+
+
+def run_peer(fn, case, out):
+    """SGLang target-verify call: prefix through kv_indices, draft latents beside it."""
+    custom_mask, mask_indptr = sglang_custom_mask(case)
+    kv = case["kv_cache"].reshape(-1, 1, va.D_LATENT)
+    ke = case["k_extend"].reshape(-1, 1, va.D_LATENT)
+    fn(case["q"], ke, ke[..., :va.D_NOPE], out, kv, kv[..., :va.D_NOPE], case["qo_indptr"],
+       case["kv_indptr"], case["kv_indices"], custom_mask, False, mask_indptr, case["max_q_len"],
+       1.0, 1.0, sm_scale=SM_SCALE, skip_prefix_custom_mask=True)
+    return out
+
+
+def rel_err(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())

@@ -1,0 +1,100 @@
+"""CPU: mask packing (SGLang's bool custom_mask -> bit-packed tree mask), tree helpers, and the
+launcher's validation errors (raised before any kernel starts)."""
+import importlib
+
+import pytest
+import torch
+
+from cases import SM_SCALE, make_case, random_parents, sglang_custom_mask
+
+va = importlib.import_module("dflash_kernels.verify_attention")
+
+
+def test_pack_custom_mask_matches_per_request_blocks():
+    case = make_case([100, 0, 5000, 3], [16, 5, 64, 1], 8, mask="tree", device="cpu", max_q_len=64)
+    cm, mi = sglang_custom_mask(case)
+    packed = va.pack_custom_mask(cm, mi, case["qo_indptr"], case["kv_indptr"], 64, num_tokens=case["q"].shape[0])
+    assert packed.dtype == torch.int32 and packed.shape == (86, 2)
+    assert torch.equal(packed, case["tree_mask"])
+    # and the bits are the mask: unpack row by row
+    r = 0
+    for blk in case["blocks"]:
+        t = blk.shape[0]
+        for i in range(t):
+            bits = [(int(packed[r, j // 32]) >> (j % 32)) & 1 for j in range(64)]
+            assert bits[:t] == blk[i].int().tolist() and not any(bits[t:])
+            r += 1
+
+
+def test_bit_31_and_word_boundary():
+    blk = torch.zeros(40, 40, dtype=torch.bool)
+    blk[39, 31] = blk[39, 32] = blk[39, 39] = True
+    packed = va.pack_tree_masks([blk], 40)
+    assert int(packed[39, 0]) == -(2**31)  # bit 31 set: the int32 is negative
+    assert int(packed[39, 1]) == (1 << 0) | (1 << 7)
+
+
+def test_tree_from_parents():
+    chain = torch.tensor([-1] + list(range(15)))
+    assert torch.equal(va.tree_mask_from_parents(chain), va.chain_tree_mask(16))
+    m = va.tree_mask_from_parents(torch.tensor([-1, 0, 0, 1, 2]))
+    assert m[3].tolist() == [True, True, False, True, False]
+    assert m[4].tolist() == [True, False, True, False, True]
+    with pytest.raises(ValueError):
+        va.tree_mask_from_parents(torch.tensor([-1, 2, 0]))
+    gen = torch.Generator().manual_seed(0)
+    par = random_parents(64, gen)
+    m = va.tree_mask_from_parents(par)
+    assert m.diagonal().all() and not torch.triu(m, 1).any()
+
+
+def test_workspace_shapes():
+    so, sl, sp = va.workspace_shape(batch=3, num_heads=8, max_q_len=16, num_splits=10)
+    assert so == (16, 128, 512) and sl == (16, 128) and sp == (16, 4)
+    assert va.default_num_splits(132, 1, 2) == 66
+    assert va.default_num_splits(132, 1, 8) == 16
+
+
+@pytest.fixture
+def args(monkeypatch):
+    monkeypatch.setattr(va, "_INTERPRET", True)  # lets CPU tensors reach the checks
+    case = make_case([10, 3], [4, 2], 8, device="cpu")
+    return [case[k] for k in ("q", "k_extend", "kv_cache", "kv_indices", "kv_indptr", "qo_indptr", "tree_mask")]
+
+
+def test_validation_errors(args):
+    q, ke, kv, idx, kvp, qop, tm = args
+    with pytest.raises(TypeError, match="q: expected bfloat16"):
+        va.verify_attention(q.float(), ke, kv, idx, kvp, qop, tm, SM_SCALE)
+    with pytest.raises(ValueError, match=r"q: expected \(num_tokens, num_heads, 576\)"):
+        va.verify_attention(q[..., :512], ke, kv, idx, kvp, qop, tm, SM_SCALE)
+    with pytest.raises(ValueError, match="kv_cache"):
+        va.verify_attention(q, ke, kv[:, :512], idx, kvp, qop, tm, SM_SCALE)
+    with pytest.raises(ValueError, match="k_extend"):
+        va.verify_attention(q, ke[:-1], kv, idx, kvp, qop, tm, SM_SCALE)
+    with pytest.raises(TypeError, match="fp8 KV is not supported"):
+        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE)
+    with pytest.raises(TypeError, match="kv_indices"):
+        va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
+    with pytest.raises(TypeError, match="kv_indptr"):
+        va.verify_attention(q, ke, kv, idx, kvp.long(), qop, tm, SM_SCALE)
+    with pytest.raises(ValueError, match="batch"):
+        va.verify_attention(q, ke, kv, idx, kvp[:2], qop, tm, SM_SCALE)
+    with pytest.raises(ValueError, match="tree_mask"):
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm[:3], SM_SCALE)
+    with pytest.raises(ValueError, match="out"):
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, out=torch.empty(6, 8, 576, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="lse"):
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, lse=torch.empty(6, 8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="workspace"):
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, max_q_len=4, num_splits=4,
+                            workspace=va.alloc_workspace(2, 8, 4, 5, "cpu"))
+
+
+def test_cuda_required_outside_interpreter():
+    case = make_case([10], [4], 8, device="cpu")
+    if va._INTERPRET:
+        pytest.skip("interpreter mode")
+    with pytest.raises(ValueError, match="CUDA"):
+        va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
+                            case["qo_indptr"], case["tree_mask"], SM_SCALE)

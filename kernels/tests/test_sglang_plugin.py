@@ -1,0 +1,198 @@
+"""CPU: the SGLang plugin's dispatch logic, against the real call site in SGLang 0.5.23's
+triton_backend.py (read from the released wheel, not imported: SGLang's runtime cannot be
+imported without its GPU dependencies) and against a stand-in backend class."""
+import ast
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import pytest
+import torch
+
+from dflash_kernels import sglang_plugin as plugin
+
+SGLANG_VERSION = "0.5.23"
+BACKEND_PATH = "sglang/srt/layers/attention/triton_backend.py"
+
+
+@pytest.fixture(scope="module")
+def backend_source():
+    """triton_backend.py of the pinned SGLang release: from SGLANG_TRITON_BACKEND_PY if set, else
+    from the wheel fetched with pip (no dependencies); skipped when neither works."""
+    path = os.environ.get("SGLANG_TRITON_BACKEND_PY")
+    if path:
+        with open(path) as f:
+            return f.read()
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", d,
+                            f"sglang=={SGLANG_VERSION}"], capture_output=True, text=True)
+        wheels = [f for f in os.listdir(d) if f.endswith(".whl")]
+        if r.returncode != 0 or not wheels:
+            pytest.skip(f"could not fetch sglang {SGLANG_VERSION}: {r.stderr[-300:]}")
+        with zipfile.ZipFile(os.path.join(d, wheels[0])) as z:
+            return z.read(BACKEND_PATH).decode()
+
+
+def _method(tree, cls_name, fn_name):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == fn_name:
+                    return item
+    raise AssertionError(f"{cls_name}.{fn_name} not found")
+
+
+def test_call_site_matches_plugin_signature(backend_source):
+    tree = ast.parse(backend_source)
+    fwd = _method(tree, "TritonAttnBackend", "forward_extend")
+    calls = [n for n in ast.walk(fwd) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id == "verify_fwd"]
+    assert len(calls) == 1, "the target-verify fast-path call moved"
+    call = calls[0]
+    pos = [ast.unparse(a) for a in call.args]
+    kws = [k.arg for k in call.keywords]
+    # our positional parameters line up with what SGLang passes, one by one
+    expected = ["q", "k", "v", "o", "get_key_buffer", "get_value_buffer", "qo_indptr", "kv_indptr",
+                "kv_indices", "custom_mask", "causal", "mask_indptr", "max_extend_len", "k_descale",
+                "v_descale", "scaling"]
+    assert len(pos) == len(expected), pos
+    for src, token in zip(pos, expected):
+        assert token in src, (src, token)
+    sig = inspect.signature(plugin.MlaVerify.__call__)
+    names = list(sig.parameters)[1:]
+    assert names[:len(expected)] == ["q", "k", "v", "o", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
+                                     "kv_indices", "custom_mask", "causal", "mask_indptr", "max_extend_len",
+                                     "k_descale", "v_descale", "sm_scale"]
+    for kw in kws:
+        assert kw in sig.parameters, f"SGLang passes {kw}=, which the plugin does not name"
+    sig.bind(None, *range(len(pos)), **{k: None for k in kws})
+    # the result decides: `if (... and verify_fwd(...)): return o`
+    parent = next(n for n in ast.walk(fwd) if isinstance(n, ast.If) and any(c is call for c in ast.walk(n.test)))
+    assert ast.unparse(parent.body[0]) == "return o"
+
+
+def test_fast_path_slot_is_what_the_plugin_sets(backend_source):
+    tree = ast.parse(backend_source)
+    init = _method(tree, "TritonAttnBackend", "__init__")
+    assigned = {ast.unparse(t) for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets}
+    assert {"self.use_verify_shared_kv", "self.verify_shared_kv_fwd", "self.use_mla"} <= assigned
+    fwd = ast.unparse(_method(tree, "TritonAttnBackend", "forward_extend"))
+    assert re.search(r"if self\.use_verify_shared_kv:\s+verify_fwd = self\.verify_shared_kv_fwd", fwd)
+    assert "forward_batch.forward_mode.is_target_verify()" in fwd
+
+
+class FakeBackend:
+    """Stands in for TritonAttnBackend: the attributes the plugin reads and writes."""
+
+    def __init__(self, use_mla=True, shared=False):
+        self.use_mla = use_mla
+        self.use_verify_splitkv = False
+        self.use_verify_shared_kv = shared
+        self.verify_shared_kv_fwd = (lambda *a, **k: "sglang's own fast path") if shared else None
+
+
+def _fresh_fake():
+    return type("TritonAttnBackend", (FakeBackend,), {})
+
+
+def test_patch_is_opt_in(monkeypatch):
+    cls = _fresh_fake()
+    assert plugin.patch_backend_class(cls) and not plugin.patch_backend_class(cls)  # idempotent
+    monkeypatch.delenv(plugin.ENV, raising=False)
+    b = cls()
+    assert b.use_verify_shared_kv is False and b.verify_shared_kv_fwd is None
+    monkeypatch.setenv(plugin.ENV, "1")
+    b = cls()
+    assert b.use_verify_shared_kv is True and isinstance(b.dflash_verify, plugin.MlaVerify)
+    b = cls(use_mla=False)  # not an MLA model: untouched
+    assert b.use_verify_shared_kv is False
+    monkeypatch.setenv(plugin.ENV, "0")
+    assert cls().use_verify_shared_kv is False
+
+
+def _args(**over):
+    q = torch.randn(4, 8, 576).bfloat16()
+    kb = torch.randn(64, 1, 576).bfloat16()
+    a = dict(q=q, k=torch.randn(4, 1, 576).bfloat16(), v=torch.randn(4, 1, 512).bfloat16(),
+             o=torch.empty(4, 8, 512, dtype=torch.bfloat16), k_buffer=kb, v_buffer=kb[..., :512],
+             qo_indptr=torch.tensor([0, 4], dtype=torch.int32), kv_indptr=torch.tensor([0, 10], dtype=torch.int32),
+             kv_indices=torch.arange(10), custom_mask=None, causal=True, mask_indptr=None, max_extend_len=4,
+             k_descale=1.0, v_descale=1.0, sm_scale=0.07)
+    a.update(over)
+    return a
+
+
+def test_unsupported_calls_fall_back(monkeypatch):
+    monkeypatch.setenv(plugin.ENV, "1")
+    cls = _fresh_fake()
+    plugin.patch_backend_class(cls)
+    for shared, expect in ((False, False), (True, "sglang's own fast path")):
+        b = cls(shared=shared)
+        # CPU tensors: refused before any kernel; then SGLang's own choice decides
+        assert b.dflash_verify(**_args()) == expect
+        assert "CUDA" in b.dflash_verify.last_reason
+    u = plugin.MlaVerify.unsupported
+    a = _args()
+    common = dict(custom_mask=None, k_descale=1.0, v_descale=1.0, logit_cap=0.0, sliding_window_size=-1,
+                  sinks=None, window_kv_offsets=None, xai_temperature_len=-1)
+    if torch.cuda.is_available():
+        pytest.skip("the per-reason checks below use CPU tensors")
+    assert u(a["q"], a["k"], a["v"], a["o"], a["k_buffer"], a["v_buffer"], **common) == "not on a CUDA device"
+
+
+def test_import_hook_patches_on_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "sglang" / "srt" / "layers" / "attention"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "sglang", tmp_path / "sglang" / "srt", tmp_path / "sglang" / "srt" / "layers", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "triton_backend.py").write_text(
+        "class TritonAttnBackend:\n"
+        "    def __init__(self):\n"
+        "        self.use_mla = True\n"
+        "        self.use_verify_shared_kv = False\n"
+        "        self.use_verify_splitkv = False\n"
+        "        self.verify_shared_kv_fwd = None\n")
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for k in saved:
+        del sys.modules[k]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(plugin.ENV, "1")
+    try:
+        plugin.install()
+        import importlib
+        mod = importlib.import_module(plugin.TARGET_MODULE)
+        assert mod.TritonAttnBackend._dflash_verify_patched
+        assert isinstance(mod.TritonAttnBackend().dflash_verify, plugin.MlaVerify)
+    finally:
+        plugin.uninstall_hook()
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_pth_line(tmp_path, on):
+    path = plugin.write_pth(str(tmp_path))
+    code = ("import site, sys; site.addsitedir(sys.argv[1]); "
+            "print(any(type(f).__name__ == '_PatchAfterImport' for f in sys.meta_path), 'torch' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env[plugin.ENV] = "1" if on else "0"
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    hooked, torch_loaded = r.stdout.split()
+    assert hooked == str(on)
+    if not on:
+        assert torch_loaded == "False"  # switched off: the start-up line imports nothing heavy
+    assert os.path.basename(path) == plugin.PTH_NAME
+
+
+def test_chain_or_full_mask():
+    qo = torch.tensor([0, 3, 5], dtype=torch.int32)
+    m = plugin.chain_or_full_mask(qo, 5, 3, causal=True)
+    assert m[:, 0].tolist() == [1, 3, 7, 1, 3]
+    m = plugin.chain_or_full_mask(qo, 5, 3, causal=False)
+    assert m[:, 0].tolist() == [7, 7, 7, 3, 3]

@@ -1,0 +1,226 @@
+"""GPU correctness: against a float32 torch reference and SGLang's own extend_attention_fwd,
+on fresh random inputs every run, with the output poisoned (NaN) before each call."""
+import importlib
+
+import pytest
+import torch
+
+from cases import SM_SCALE, load_peer, make_case, rel_err, run_peer
+
+va = importlib.import_module("dflash_kernels.verify_attention")
+pytestmark = pytest.mark.gpu
+
+# bf16 inputs, bf16 P in the P.V product and a bf16 output: the error against float32 lands
+# between 1e-3 and 1e-2 (METHOD.md's band for bf16 operands); 1e-2 is the bound.
+TOL = 1e-2
+LSE_ATOL = 2e-3  # lse is ~log(L); computed in float32 from exact bf16 products
+
+
+def _run(case, num_splits=None, config=None, with_lse=True):
+    n, h = case["q"].shape[:2]
+    out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((n, h), float("nan"), dtype=torch.float32, device="cuda") if with_lse else None
+    va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
+                        case["kv_indptr"], case["qo_indptr"], case["tree_mask"], SM_SCALE,
+                        out=out, lse=lse, max_q_len=case["max_q_len"], num_splits=num_splits,
+                        config=config)
+    return out, lse
+
+
+def _check(case, out, lse):
+    ref_o, ref_lse = va.reference_verify_attention(
+        case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
+        case["qo_indptr"], case["blocks"], SM_SCALE)
+    assert not torch.isnan(out).any(), "unwritten or NaN output"
+    err = rel_err(out, ref_o)
+    assert err < TOL, f"relative error {err:.2e}"
+    if lse is not None:
+        assert not torch.isnan(lse).any()
+        assert torch.allclose(lse, ref_lse, atol=LSE_ATOL, rtol=0), \
+            f"lse max abs err {(lse - ref_lse).abs().max():.2e}"
+    return err
+
+
+@pytest.mark.parametrize("t", [1, 16, 64])
+@pytest.mark.parametrize("h", [8, 16])
+@pytest.mark.parametrize("mask", ["chain", "tree"])
+def test_single_request_vs_reference(t, h, mask):
+    for L in (0, 1, 777, 4096, 33000):
+        case = make_case([L], [t], h, mask=mask)
+        _check(case, *_run(case))
+
+
+@pytest.mark.parametrize("h", [8, 16])
+def test_long_prefix_vs_reference(h):
+    case = make_case([200_000], [16], h, mask="tree")
+    _check(case, *_run(case))
+
+
+@pytest.mark.parametrize("t", [1, 16, 64])
+def test_mixed_batch_vs_reference(t):
+    lens = [0, 5, 1000, 70_000, 31, 12_345, 200_000, 256]
+    ts = [t, max(1, t // 2), t, 1, t, max(1, t - 3), t, t]
+    case = make_case(lens, ts, 8, mask="tree")
+    _check(case, *_run(case))
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_paged_pool(page_size):
+    case = make_case([3000, 50_000, 17], [16, 16, 16], 8, mask="tree", page_size=page_size)
+    _check(case, *_run(case))
+
+
+def test_int64_indices_and_no_lse():
+    case = make_case([9000, 100], [16, 7], 16, mask="tree", idx_dtype=torch.int64)
+    out, _ = _run(case, with_lse=False)
+    _check(case, out, None)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 200])
+def test_split_counts(num_splits):
+    case = make_case([40_000, 64], [16, 16], 8, mask="tree")
+    _check(case, *_run(case, num_splits=num_splits))
+
+
+@pytest.mark.parametrize("t", [1, 16, 64])
+@pytest.mark.parametrize("h", [8, 16])
+def test_vs_sglang(t, h):
+    peer = load_peer()
+    if peer is None:
+        pytest.skip("SGLang peer kernels not fetched (fetch_peer.sh)")
+    lens = [20_000, 3, 150_000] if t < 64 else [20_000, 3, 60_000]
+    case = make_case(lens, [t, t, t], h, mask="tree")
+    ours, _ = _run(case)
+    theirs = torch.full_like(ours, float("nan"))
+    run_peer(peer, case, theirs)
+    ref_o, _ = va.reference_verify_attention(
+        case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
+        case["qo_indptr"], case["blocks"], SM_SCALE)
+    assert not torch.isnan(theirs).any()
+    e_peer, e_ours, e_between = rel_err(theirs, ref_o), rel_err(ours, ref_o), rel_err(ours, theirs)
+    print(f"t={t} h={h}: peer vs ref {e_peer:.2e}, ours vs ref {e_ours:.2e}, ours vs peer {e_between:.2e}")
+    assert e_ours < TOL and e_between < TOL
+
+
+def test_pack_custom_mask_matches_sglang_layout():
+    from cases import sglang_custom_mask
+    case = make_case([100, 0, 5000], [16, 5, 64], 8, mask="tree", max_q_len=64)
+    cm, mi = sglang_custom_mask(case)
+    packed = va.pack_custom_mask(cm, mi, case["qo_indptr"], case["kv_indptr"], 64,
+                                 num_tokens=case["q"].shape[0])
+    assert torch.equal(packed, case["tree_mask"])
+
+
+def test_cuda_graph_replay():
+    """Capture once at static maxima, replay with other lengths, masks and inputs."""
+    h, t, bs, max_L = 8, 16, 3, 120_000
+    static = make_case([max_L] * bs, [t] * bs, h, mask="tree", pool_extra=8192)
+    ws = va.alloc_workspace(bs, h, t, 40, "cuda")
+    idx_buf = torch.zeros(bs * max_L, dtype=torch.int32, device="cuda")
+    out = torch.empty(bs * t, h, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(bs * t, h, dtype=torch.float32, device="cuda")
+    s = {k: static[k].clone() for k in ("q", "k_extend", "kv_indptr", "qo_indptr", "tree_mask")}
+    kv = static["kv_cache"]
+
+    def call():
+        va.verify_attention(s["q"], s["k_extend"], kv, idx_buf, s["kv_indptr"], s["qo_indptr"],
+                            s["tree_mask"], SM_SCALE, out=out, lse=lse, workspace=ws,
+                            max_q_len=t, num_splits=40)
+
+    call()  # compile outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    for lens in ([5, 120_000, 0], [64_000, 1, 99_999], [7777, 7777, 120_000]):
+        gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+        pool = kv.shape[0]
+        idx = [torch.randperm(pool, generator=gen)[:L] for L in lens]
+        case = dict(static)
+        case["kv_indices"] = torch.cat(idx).to(torch.int32).cuda()
+        case["kv_indptr"] = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        case["q"] = torch.randn_like(static["q"], dtype=torch.float32).to(torch.bfloat16)
+        case["k_extend"] = torch.randn_like(static["k_extend"], dtype=torch.float32).to(torch.bfloat16)
+        new = make_case([1] * bs, [t] * bs, h, mask="tree")  # fresh random trees
+        case["blocks"], case["tree_mask"] = new["blocks"], new["tree_mask"]
+        idx_buf[:case["kv_indices"].numel()].copy_(case["kv_indices"])
+        for k in ("q", "k_extend", "kv_indptr", "tree_mask"):
+            s[k].copy_(case[k])
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _check(case, out, lse)
+
+
+def test_validation_errors():
+    case = make_case([10], [4], 8)
+    args = [case[k] for k in ("q", "k_extend", "kv_cache", "kv_indices", "kv_indptr", "qo_indptr", "tree_mask")]
+    with pytest.raises(TypeError, match="q: expected bfloat16"):
+        va.verify_attention(args[0].float(), *args[1:], SM_SCALE)
+    with pytest.raises(ValueError, match="kv_cache"):
+        va.verify_attention(*args[:2], args[2][:, :512], *args[3:], SM_SCALE)
+    with pytest.raises(TypeError, match="kv_indptr"):
+        va.verify_attention(*args[:4], args[4].long(), *args[5:], SM_SCALE)
+    with pytest.raises(ValueError, match="tree_mask"):
+        va.verify_attention(*args[:6], args[6][:2], SM_SCALE)
+
+
+CANDIDATES = [
+    va.VerifyConfig(64, 64, 8, 2, 64, True), va.VerifyConfig(64, 64, 8, 2, 64, False),
+    va.VerifyConfig(64, 32, 8, 3, 64, True), va.VerifyConfig(64, 32, 8, 4, 64, True),
+    va.VerifyConfig(64, 32, 8, 2), va.VerifyConfig(64, 16, 8, 4),
+    va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # the sm_120 / sm_80 tiles
+    va.VerifyConfig(32, 32, 4, 2, 64, True, 2.0), va.VerifyConfig(32, 16, 4, 3, 64, True, 2.0),
+    va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
+]
+
+
+@pytest.mark.parametrize("cfg", CANDIDATES, ids=str)
+def test_every_candidate_config(cfg):
+    """Every config the benchmark may pick computes the same function (trees over t = 64 cross
+    the 32-bit word boundary of the packed mask)."""
+    case = make_case([0, 40_000, 333, 64], [64, 33, 16, 1], 8, mask="tree")
+    _check(case, *_run(case, config=cfg))
+
+
+def test_sglang_plugin_path_matches_sglang():
+    """The plugin, called exactly as SGLang's backend calls its verify fast path (pool as
+    (pool, 1, 576) with V a view of it, int64 kv_indices, bool custom_mask), against SGLang's
+    extend_attention_fwd on the same inputs; then once more inside a CUDA graph."""
+    from dflash_kernels.sglang_plugin import MlaVerify
+    peer = load_peer()
+    if peer is None:
+        pytest.skip("SGLang peer kernels not fetched (fetch_peer.sh)")
+    from cases import sglang_custom_mask
+    h, t = 8, 16
+    case = make_case([30_000, 77, 5000], [t, t, t], h, mask="tree", idx_dtype=torch.int64)
+    cm, mi = sglang_custom_mask(case)
+    kb = case["kv_cache"].reshape(-1, 1, 576)
+    ke = case["k_extend"].reshape(-1, 1, 576)
+    args = (case["q"], ke, ke[..., :512].contiguous(), None, kb, kb[..., :512], case["qo_indptr"],
+            case["kv_indptr"], case["kv_indices"], cm, False, mi, t, 1.0, 1.0, SM_SCALE)
+    kw = dict(logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
+              xai_temperature_len=-1, max_bs=8)
+    fn = MlaVerify()
+    ours = torch.full((case["q"].shape[0], h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert fn(*args[:3], ours, *args[4:], **kw) is True, fn.last_reason
+    theirs = torch.full_like(ours, float("nan"))
+    run_peer(peer, case, theirs)
+    assert not torch.isnan(ours).any()
+    assert rel_err(ours, theirs) < TOL
+    # in a graph: capture once, replay after changing the inputs in place
+    g_out = torch.full_like(ours, float("nan"))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(*args[:3], g_out, *args[4:], **kw)
+    case["q"].copy_(torch.randn_like(case["q"], dtype=torch.float32).to(torch.bfloat16))
+    g_out.fill_(float("nan"))
+    g.replay()
+    run_peer(peer, case, theirs)
+    torch.cuda.synchronize()
+    assert rel_err(g_out, theirs) < TOL
+    # a case it must not serve: tanh logit cap -> False, SGLang's kernel runs instead
+    assert fn(*args[:3], ours, *args[4:], **dict(kw, logit_cap=30.0)) is False
+    assert fn.last_reason == "logit cap"

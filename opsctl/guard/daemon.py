@@ -1,0 +1,528 @@
+"""The guard's loop: follow the engine's journal and unit, probe /health_generate, remediate.
+
+One loop, every `TICK_S`:
+
+1. Control: paused or stopped (state file) -> read and drop the journal, do nothing.
+   Another engine change holds the engine lock (`opsctl restart`) -> stand by, then resync.
+2. Journal: feed new lines to the same `OomScanner` `opsctl oom` uses. A fatal line (SGLang's
+   "Scheduler hit an exception", the launcher's SIGQUIT line, ...) or a unit that died
+   (auto-restart, failed, NRestarts grew) starts a death; it is decided as soon as the scanner
+   completes the incident (at the SIGQUIT line) or after `CLASSIFY_GRACE_S`.
+3. Hang: /health_generate failing for `hang_timeout_s` (probe thread, `policy.HangDetector`).
+4. A death or a hang goes to `policy.decide`; the step runs through `opsctl.restart.restart`
+   (engine lock, atomic override, reset-failed + restart, health gate, rollback), so it supersedes
+   the restart systemd's `Restart=always` may have scheduled on the old config; the audit log says
+   which state the unit was in when the guard acted.
+
+Everything the loop touches on the node sits behind `SystemNode`, so tests drive `Guard` with fakes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import click
+import httpx
+
+from opsctl import journal, oom, planner
+from opsctl.config import NodeConfig
+from opsctl.envfiles import read_env
+from opsctl.guard import policy
+from opsctl.guard.alert import raise_alert
+from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, values_dict, values_from
+from opsctl.overrides import TunedValues, values_in
+from opsctl.restart import FATAL_MARKERS, node_plan_inputs, restart
+from opsctl.startup_log import EngineConfig
+from opsctl.systemd import UnitState, unit_state
+
+TICK_S = 0.2
+# After a fatal line, how long to wait for the rest of the traceback before deciding anyway.
+CLASSIFY_GRACE_S = 1.5
+# Unit sub-states in which the engine is dead whatever else is true.
+DEAD_SUB_STATES = ("auto-restart", "failed")
+_RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+\.\d+)")
+
+
+@dataclasses.dataclass
+class ApplyResult:
+    """What one restart through `opsctl.restart.restart` gave."""
+
+    ok: bool
+    outcome: str  # ok | rolled_back | down | deferred | error
+    why: str
+    start_seconds: float | None = None
+    death: policy.Death | None = None  # why the attempt died, when it did
+    journal_tail: list[str] = dataclasses.field(default_factory=list)
+
+
+class Node(Protocol):
+    """What the guard needs from the node (`SystemNode` on a real one, fakes in tests)."""
+
+    def effective(self) -> TunedValues: ...
+    def unit(self) -> UnitState: ...
+    def lock_holder(self) -> str | None: ...
+    def apply(self, values: TunedValues, reason: str) -> ApplyResult: ...
+    def lowest_fraction(self) -> float | None: ...
+    def wait_settled(self, budget_s: float) -> bool: ...
+    def runs(self, values: TunedValues) -> bool: ...
+
+
+def death_from(incidents: list[oom.Incident]) -> policy.Death:
+    """The cause of a death from the incidents around it: a memory cause beats a bare kill."""
+    rank = {oom.ACTIVATION_SPIKE: 0, oom.FRAGMENTATION: 0, oom.STARTUP: 0, oom.NOT_MEMORY: 1,
+            oom.HOST_MEMORY: 2, oom.KV_POOL: 3, oom.UNKNOWN: 4}
+    fatal = [i for i in incidents if i.kind != "kv_pool_full"] or incidents
+    if not fatal:
+        return policy.Death(policy.NO_CAUSE, "exited", "the engine exited with no cause in its journal")
+    best = min(fatal, key=lambda i: (rank.get(i.classification, 5), -fatal.index(i)))
+    raise_to = None
+    if (m := _RAISE_ABOVE.search(" ".join(best.lines + [best.detail]))) is not None:
+        raise_to = float(m[1])
+    return policy.Death(best.classification, best.kind, best.detail[:300], raise_to)
+
+
+class Guard:
+    def __init__(self, config: NodeConfig, node: Node, store: GuardStore, *,
+                 alert: Callable[..., dict[str, Any]] = raise_alert,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+        self.config = config
+        self.limits = config.guard
+        self.node = node
+        self.store = store
+        self.alert = alert
+        self.clock = clock
+        self.sleep = sleep
+
+    # -- the step lifecycle --------------------------------------------------------------------
+    def on_death(self, death: policy.Death, seen: dict[str, Any]) -> None:
+        """Decide about one death (or hang) and carry the step out; retries while the engine stays down."""
+        current = policy.complete(self.node.effective())
+        self.store.audit("incident", cause=death.cause, kind=death.kind, detail=death.detail,
+                         config=values_dict(current), **seen)
+        while True:
+            state = self.store.load()
+            now = self.clock()
+            step = policy.decide(death, current, self.limits, lowest_fraction=self.node.lowest_fraction,
+                                 blind_restarts_last_hour=len(policy.in_last_hour(state["blind_restarts"], now)),
+                                 failed=[values_from(v) for v in state["failed"]])
+            if step.action == policy.STOP:
+                self.stop(step.why, death)
+                return
+            if policy.budget_left(state["remediations"], now, self.limits) <= 0:
+                self.stop(f"the remediation budget is spent ({self.limits.budget_per_hour} an hour); "
+                          f"the next step would have been: {step.why}", death)
+                return
+            wait = policy.backoff_s(state["remediations"], now, self.limits)
+            if wait > 0:
+                self.store.audit("backoff", seconds=round(wait, 1), next_step=step.why)
+                self.sleep(wait)
+                if self.node.lock_holder():
+                    self.store.audit("deferred", why=f"an engine change started during the backoff "
+                                                     f"({self.node.lock_holder()}); it decides the engine's fate")
+                    return
+            result = self.carry_out(step, death, current)
+            if result.outcome in ("ok", "deferred"):
+                return
+            if result.outcome == "rolled_back":
+                return  # the engine serves on the previous config; the next death moves further
+            # Down: the step and its rollback both failed. Decide again from what the attempt showed.
+            current = policy.complete(self.node.effective())
+            if result.death is not None and result.death.cause != policy.NO_CAUSE:
+                death = result.death
+            if death.cause not in (policy.HANG, policy.NO_CAUSE, oom.NOT_MEMORY, oom.HOST_MEMORY, oom.KV_POOL):
+                continue
+            # An unknown cause that keeps the engine down: retry as-is within the budget (a crash
+            # loop), not counted against the as-is limit, which is for an engine that served.
+            death = dataclasses.replace(death, kind=death.kind or "crash loop")
+            state = self.store.load()
+            if policy.budget_left(state["remediations"], self.clock(), self.limits) <= 0:
+                self.stop(f"crash loop: the engine does not come up on {self._words(current)} and the "
+                          f"remediation budget is spent ({self.limits.budget_per_hour} an hour)", death)
+                return
+            wait = policy.backoff_s(state["remediations"], self.clock(), self.limits)
+            self.store.audit("backoff", seconds=round(wait, 1), next_step="restart as-is (the engine is down)")
+            self.sleep(wait)
+            step = policy.Step(policy.RESTART, policy.AS_IS, current, "the engine is still down: restart as-is")
+            result = self.carry_out(step, death, current, blind=False)
+            if result.outcome in ("ok", "deferred", "rolled_back"):
+                return
+
+    def carry_out(self, step: policy.Step, death: policy.Death, current: TunedValues,
+                  blind: bool | None = None) -> ApplyResult:
+        """Record the step (state, then audit), then act."""
+        now = self.clock()
+        blind = step.rung == policy.AS_IS if blind is None else blind
+        with self.store.update() as state:
+            step_id = state["next_id"]
+            state["next_id"] = step_id + 1
+            state["status"] = ACTING
+            state["remediations"].append(now)
+            if blind:
+                state["blind_restarts"].append(now)
+            state["pending"] = {"id": step_id, "phase": "decided", "action": step.action, "rung": step.rung,
+                                "why": step.why, "death": dataclasses.asdict(death), "from": values_dict(current),
+                                "to": values_dict(step.to), "decided_at": now, "attempts": 0, "blind": blind}
+            pending = dict(state["pending"])
+        self._audit_decision(pending)
+        return self._act(pending)
+
+    def _audit_decision(self, pending: dict[str, Any], **extra: Any) -> None:
+        self.store.audit("decision", step_id=pending["id"], action=pending["action"], rung=pending["rung"],
+                         why=pending["why"], cause=pending["death"]["cause"], **{"from": pending["from"]},
+                         to=pending["to"], **extra)
+
+    def _act(self, pending: dict[str, Any], **extra: Any) -> ApplyResult:
+        with self.store.update() as state:
+            state["pending"]["phase"] = "acting"
+            state["pending"]["attempts"] += 1
+            attempt = state["pending"]["attempts"]
+        unit = self.node.unit()
+        systemd_note = {
+            "auto-restart": "systemd's own restart (old config) was pending; the guard's restart replaces it",
+            "start": "systemd had restarted the engine on the old config; the guard's restart replaces it",
+            "start-pre": "systemd had restarted the engine on the old config; the guard's restart replaces it",
+            "start-post": "systemd had restarted the engine on the old config; the guard's restart replaces it",
+            "running": "the engine was running (hung or restarted by systemd); the guard restarts it",
+            "failed": "the unit had failed (start limit or a failed start); the guard resets and starts it",
+        }.get(unit.sub_state, f"unit {unit.active_state}/{unit.sub_state}")
+        self.store.audit("action", step_id=pending["id"], attempt=attempt, unit_state=unit.sub_state,
+                         systemd=systemd_note, to=pending["to"], **extra)
+        # An as-is restart leaves the override file's values alone (only the restart path runs).
+        values = TunedValues() if pending["rung"] == policy.AS_IS else values_from(pending["to"])
+        result = self.node.apply(values, f"guard step {pending['id']}: {pending['why']}")
+        self._finish(pending, result)
+        return result
+
+    def _finish(self, pending: dict[str, Any], result: ApplyResult, **extra: Any) -> None:
+        now = self.clock()
+        self.store.audit("outcome", step_id=pending["id"], outcome=result.outcome, why=result.why,
+                         start_seconds=result.start_seconds, to=pending["to"],
+                         seconds_since_decision=round(now - pending["decided_at"], 2),
+                         attempt_death=dataclasses.asdict(result.death) if result.death else None,
+                         journal_tail=result.journal_tail[-12:] if not result.ok else [], **extra)
+        with self.store.update() as state:
+            state["pending"] = None
+            state["status"] = WATCHING if state["status"] == ACTING else state["status"]
+            state["last_step"] = {"id": pending["id"], "rung": pending["rung"], "outcome": result.outcome,
+                                  "from": pending["from"], "to": pending["to"], "at": now}
+            if result.ok:
+                state["last_good"] = {"values": pending["to"], "at": now}
+            elif result.outcome == "deferred":
+                state["remediations"] = [t for t in state["remediations"] if t != pending["decided_at"]]
+                state["blind_restarts"] = [t for t in state["blind_restarts"] if t != pending["decided_at"]]
+            elif pending["to"] != pending["from"] and pending["to"] not in state["failed"]:
+                state["failed"].append(pending["to"])
+
+    def resume_pending(self) -> None:
+        """Finish the step a killed guard left in its state file (same step, never the next one)."""
+        pending = self.store.load()["pending"]
+        if not pending:
+            return
+        seen = {r["event"] for r in self.store.records() if r.get("step_id") == pending["id"]}
+        if "decision" not in seen:
+            self._audit_decision(pending, recovered=True)
+        self.store.audit("resumed-step", step_id=pending["id"], phase=pending["phase"],
+                         why="the guard was restarted in the middle of this step; finishing it")
+        if pending["phase"] == "acting":
+            if "action" not in seen:
+                self.store.audit("action", step_id=pending["id"], attempt=pending["attempts"], recovered=True,
+                                 to=pending["to"])
+            to = values_from(pending["to"])
+            settled = self.node.wait_settled(self.config.start_timeout_s)
+            if settled and self.node.runs(to):
+                self._finish(pending, ApplyResult(True, "ok", "the engine came up on the step's config while "
+                                                              "the guard was down; no second restart"),
+                             recovered=True)
+                return
+        self._act(pending)
+
+    def stop(self, reason: str, death: policy.Death | None) -> None:
+        state = self.store.load()
+        last_good = state["last_good"]
+        alert = self.alert(self.limits, reason, {"death": dataclasses.asdict(death) if death else None,
+                                                 "last_good": last_good})
+        now = self.clock()
+        with self.store.update() as state:
+            state["status"] = STOPPED
+            state["stopped"] = {"reason": reason, "at": now, "alert_id": alert["id"]}
+        self.store.audit("stopped", reason=reason, last_good=last_good, alert_id=alert["id"],
+                         delivery_errors=alert["delivery_errors"], config=values_dict(self.node.effective()))
+
+    def observe_serving(self) -> None:
+        """Remember the config in force as the last that served (the engine is healthy now)."""
+        values = values_dict(policy.complete(self.node.effective()))
+        state = self.store.load()
+        if state["last_good"] is None or state["last_good"]["values"] != values:
+            with self.store.update() as state:
+                state["last_good"] = {"values": values, "at": self.clock()}
+            self.store.audit("serving", config=values)
+
+    def heartbeat(self) -> None:
+        with self.store.update() as state:
+            state["heartbeat"] = self.clock()
+            state["pid"] = os.getpid()
+
+    @staticmethod
+    def _words(values: TunedValues) -> str:
+        return (f"fraction {values.mem_fraction_static}, chunk {values.chunked_prefill_size}, "
+                f"expandable_segments {values.expandable_segments}")
+
+
+# --- the node -------------------------------------------------------------------------------------
+
+
+class SystemNode:
+    """The real node: systemd, the journal, the env files, the engine's HTTP API, `restart()`."""
+
+    def __init__(self, config: NodeConfig):
+        self.config = config
+
+    def effective(self) -> TunedValues:
+        return values_in(read_env(self.config.override_env_file)).merged_over(values_in(read_env(self.config.env_file)))
+
+    def unit(self) -> UnitState:
+        return unit_state(self.config.unit)
+
+    def lock_holder(self) -> str | None:
+        """Who holds the engine lock (another process), from its info file and a live pid."""
+        info = self.config.state_dir / "engine.lock.json"
+        try:
+            data = json.loads(info.read_text())
+            pid = int(data["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if pid == os.getpid():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return f"{data.get('holder', '?')} (pid {pid}, since {data.get('since', '?')})"
+
+    def apply(self, values: TunedValues, reason: str) -> ApplyResult:
+        try:
+            outcome = restart(self.config, values, reason=reason, force=True, budget_s=self.config.start_timeout_s,
+                              wait_lock_s=0.0, progress=lambda _phase, _elapsed: None)
+        except click.ClickException as error:
+            if "another engine change is in progress" in error.message:
+                return ApplyResult(False, "deferred", error.message)
+            return ApplyResult(False, "error", error.message)
+        attempt = outcome.attempt
+        if outcome.ok:
+            return ApplyResult(True, "ok", attempt.reason, round(attempt.seconds, 2))
+        death = death_from(attempt.incidents()) if attempt.journal else None
+        rollback_ok = outcome.rollback is not None and outcome.rollback.ok
+        why = f"{attempt.reason}; rollback: {outcome.rollback.reason if outcome.rollback else 'none'}"
+        return ApplyResult(False, "rolled_back" if rollback_ok else "down", why, round(attempt.seconds, 2),
+                           death, attempt.journal[-40:])
+
+    def lowest_fraction(self) -> float | None:
+        try:
+            lines = list(oom.read_journal(self.config.unit, since="-12h"))
+        except oom.JournalError:
+            return None
+        inputs = node_plan_inputs(self.config, lines)
+        return None if inputs is None else planner.lowest_fraction_for(self.config.context_target, inputs)
+
+    def wait_settled(self, budget_s: float) -> bool:
+        """Wait while the unit is starting; True when it is active (its health gate passed)."""
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            state = self.unit()
+            if state.active_state == "active":
+                return True
+            if state.active_state != "activating" or state.sub_state == "auto-restart":
+                return False
+            time.sleep(0.25)
+        return False
+
+    def runs(self, values: TunedValues) -> bool:
+        """The engine serves `values`: they are in force, the engine started after the override file
+        was written, and it reports the fraction and chunk."""
+        if policy.complete(self.effective()) != values:
+            return False
+        started = _main_start_epoch(self.config.unit)
+        override = self.config.override_env_file
+        if started is None or (override.exists() and started < override.stat().st_mtime):
+            return False
+        try:
+            info = httpx.get(self.config.engine_url.rstrip("/") + "/server_info", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return (float(info.get("mem_fraction_static", -1)) == values.mem_fraction_static
+                and int(info.get("chunked_prefill_size", -1)) == values.chunked_prefill_size)
+
+    def config_hint(self) -> EngineConfig:
+        values = self.effective()
+        return EngineConfig(mem_fraction_static=values.mem_fraction_static,
+                            chunked_prefill_size=values.chunked_prefill_size,
+                            expandable_segments=values.expandable_segments)
+
+    def backlog(self) -> tuple[list[str], str | None]:
+        """The unit's recent journal (to know the engine's phase) and the cursor after it."""
+        result = subprocess.run(["journalctl", "-u", self.config.unit, "-n", "3000", "-o", "short-iso",
+                                 "--no-pager", "--show-cursor"], capture_output=True, text=True,
+                                errors="replace", check=False, timeout=30)
+        lines, cursor = [], None
+        for line in result.stdout.splitlines():
+            if line.startswith("-- cursor: "):
+                cursor = line.removeprefix("-- cursor: ").strip()
+            elif not line.startswith("-- "):
+                lines.append(line)
+        return lines, cursor or journal.cursor(self.config.unit)
+
+
+def _main_start_epoch(unit: str) -> float | None:
+    """When the unit's main process started, in epoch seconds (from the monotonic clock, to the µs)."""
+    out = subprocess.run(["systemctl", "show", unit, "--property=ExecMainStartTimestampMonotonic"],
+                         capture_output=True, text=True, check=False, timeout=10).stdout
+    try:
+        monotonic_us = int(out.strip().split("=", 1)[1])
+    except (IndexError, ValueError):
+        return None
+    if monotonic_us == 0:
+        return None
+    return time.time() - (time.monotonic() - monotonic_us / 1e6)
+
+
+class Prober(threading.Thread):
+    """Probe /health_generate every `probe_interval_s` into a `HangDetector` (off the main loop,
+    so a slow probe never delays reading the journal)."""
+
+    def __init__(self, config: NodeConfig, detector: policy.HangDetector, active: Callable[[], bool]):
+        super().__init__(daemon=True, name="guard-prober")
+        self.config = config
+        self.detector = detector
+        self.active = active
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        url = self.config.engine_url.rstrip("/") + "/health_generate"
+        while not self.stopping.wait(self.config.guard.probe_interval_s):
+            if not self.active():
+                with self.lock:
+                    self.detector.reset()
+                continue
+            try:
+                response = httpx.get(url, timeout=self.config.guard.probe_timeout_s)
+                ok, error = response.status_code == 200, f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                ok, error = False, f"{type(exc).__name__}: {exc}"
+            with self.lock:
+                self.detector.record(ok, time.monotonic(), None if ok else error)
+
+
+class Watcher:
+    """The loop around a `Guard` on a real node."""
+
+    def __init__(self, config: NodeConfig, guard: Guard | None = None, node: SystemNode | None = None):
+        self.config = config
+        self.node = node or SystemNode(config)
+        self.store = GuardStore.for_config(config)
+        self.guard = guard or Guard(config, self.node, self.store)
+        self.detector = policy.HangDetector(config.guard.hang_timeout_s)
+        self.stopping = threading.Event()
+        self._unit_active = False
+        self.prober = Prober(config, self.detector, lambda: self._unit_active)
+        self._resync()
+
+    def _resync(self) -> None:
+        """Start reading the journal from now, with the scanner primed on the engine's recent start."""
+        if getattr(self, "follower", None) is not None:
+            self.follower.close()
+        backlog, cursor = self.node.backlog()
+        self.scanner = oom.OomScanner(self.node.config_hint())
+        for line in backlog:
+            self.scanner.feed(line)
+        self.scanner.flush()
+        self.follower = journal.JournalFollower(self.config.unit, cursor)
+        self.fatal_at: float | None = None
+        self.fatal_wall: float | None = None
+        self.fatal_line: str | None = None
+        self.incidents: list[oom.Incident] = []
+        unit = self.node.unit()
+        self.restarts = unit.restarts
+        with self.prober.lock:
+            self.detector.reset()
+
+    def run(self) -> None:
+        self.store.audit("guard-started", pid=os.getpid(), limits=dataclasses.asdict(self.config.guard))
+        self.guard.resume_pending()
+        self._resync()
+        self.prober.start()
+        standing_by = None
+        last_beat = 0.0
+        try:
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                if now - last_beat >= 2.0:
+                    self.guard.heartbeat()
+                    last_beat = now
+                state = self.store.load()
+                lines = self.follower.new_lines()
+                unit = self.node.unit()
+                self._unit_active = unit.active_state == "active"
+                if state["paused"] or state["status"] == STOPPED:
+                    self.restarts = unit.restarts
+                    time.sleep(TICK_S)
+                    continue
+                holder = self.node.lock_holder()
+                if holder:
+                    if standing_by != holder:
+                        self.store.audit("standing-by", why=f"an engine change is in progress: {holder}")
+                    standing_by = holder
+                    time.sleep(TICK_S)
+                    continue
+                if standing_by:
+                    standing_by = None
+                    self._resync()
+                    continue
+                self._tick(lines, unit, now)
+                time.sleep(TICK_S)
+        finally:
+            self.prober.stopping.set()
+            self.follower.close()
+
+    def _tick(self, lines: list[str], unit: UnitState, now: float) -> None:
+        for line in lines:
+            if self.fatal_at is None and any(marker in line for marker in FATAL_MARKERS):
+                self.fatal_at, self.fatal_wall, self.fatal_line = now, time.time(), line
+            self.incidents.extend(self.scanner.feed(line))
+        died = unit.sub_state in DEAD_SUB_STATES or unit.active_state == "failed" or unit.restarts > self.restarts
+        if died and self.fatal_at is None:
+            self.fatal_at, self.fatal_wall, self.fatal_line = now, time.time(), f"unit {unit.sub_state}"
+        if self.fatal_at is not None:
+            complete = any(i.engine_killed or i.kind == "killed" for i in self.incidents)
+            if complete or now - self.fatal_at >= CLASSIFY_GRACE_S:
+                self.incidents.extend(self.scanner.flush())
+                death = death_from(self.incidents)
+                seen = {"first_fatal_line": self.fatal_line, "first_fatal_at": self.fatal_wall,
+                        "decided_after_s": round(now - self.fatal_at, 3), "unit_state": unit.sub_state,
+                        "incidents": [f"{i.kind} ({i.classification})" for i in self.incidents]}
+                self.guard.on_death(death, seen)
+                self._resync()
+            return
+        if unit.active_state == "active" and unit.sub_state == "running":
+            with self.prober.lock:
+                hung = self.detector.hung(now)
+                error = self.detector.last_error
+                since = self.detector.failing_since
+            if hung:
+                death = policy.Death(policy.HANG, "hang", f"/health_generate failing for {now - since:.0f} s "
+                                                          f"({error})")
+                self.guard.on_death(death, {"unit_state": unit.sub_state, "health_generate_error": error})
+                self._resync()
+                return
+            if self.detector.failing_since is None and (unit.uptime_s or 0) > 1:
+                self.guard.observe_serving()

@@ -1,0 +1,173 @@
+"""Fault drills of the guard on its own lab node (`dflash-guard`), deployed as the seed was:
+0.94, chunk 8192, no expandable_segments, the guard on. Each drill starts from `reset`."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from guardlab import (
+    AUDIT,
+    HISTORY,
+    SEED_CONFIG,
+    generate,
+    node_for_guard,
+    provision,
+    records,
+    reset,
+    seed_crash,
+    unit_active,
+    wait_record,
+)
+from labnode import docker_available, lab_images_built
+
+pytestmark = pytest.mark.lab
+
+EXPANDABLE = {**SEED_CONFIG, "expandable_segments": True}
+GUARD_STOPPED = "5f0c8d1b3e2a4c6f9a7b8e1d2c3f4a50"
+
+
+@pytest.fixture(scope="module")
+def guard_node(tmp_path_factory):
+    if not docker_available() or not lab_images_built():
+        pytest.skip("needs a running Docker engine and the lab images: run lab/build-images.sh")
+    node = node_for_guard(tmp_path_factory.mktemp("guard-lab"))
+    result = provision(node)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert node.sh("systemctl is-active opsctl-guard.service").stdout.strip() == "active"
+    yield node
+    node.set_faults()
+    if not os.environ.get("KEEP_LAB"):
+        node.destroy()
+
+
+def step_records(node, since, step_id):
+    return [r for r in records(node)[since:] if r.get("step_id") == step_id]
+
+
+def test_drill1_seed_oom_is_remediated_and_survives_185k(guard_node):
+    node = guard_node
+    since = reset(node)
+    assert json.loads(node.opsctl("overrides", "--json").stdout)["effective"]["expandable_segments"]["value"] == "false"
+    answers = seed_crash(node)
+    assert all("error" not in a for a in answers[:4]) and "error" in answers[4]  # the 32k prompt killed it
+    outcome = wait_record(node, since, lambda r: r["event"] == "outcome", timeout=60)
+    assert outcome["outcome"] == "ok"
+    story = [r for r in records(node)[since:] if r["event"] in ("incident", "decision", "action", "outcome")]
+    assert [r["event"] for r in story] == ["incident", "decision", "action", "outcome"]
+    incident, decision = story[0], story[1]
+    assert incident["kind"] == "cuda_oom" and incident["cause"] in ("fragmentation", "activation_spike")
+    assert "Tried to allocate 896.00 MiB" in incident["detail"]
+    assert decision["rung"] == "expandable_segments"
+    assert decision["from"] == SEED_CONFIG and decision["to"] == EXPANDABLE
+    # The guard chose this config, it is in force, and the engine serves a 185k-token prompt on it.
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in node.file("/etc/sglang/override.env")
+    assert unit_active(node)
+    answer = generate(node, 185_000, offset=50_000_000, timeout=120)
+    assert answer.get("meta_info", {}).get("prompt_tokens") == 185_000, answer
+    assert unit_active(node)
+    status = json.loads(node.opsctl("guard", "status", "--json").stdout)
+    assert status["state"] == "watching" and status["last_good"]["values"] == EXPANDABLE
+    assert status["last_step"]["rung"] == "expandable_segments" and status["last_step"]["outcome"] == "ok"
+
+
+def test_drill2_hang_is_restarted_as_is(guard_node):
+    node = guard_node
+    since = reset(node)
+    before = node.file("/etc/sglang/override.env")
+    started = time.time()
+    node.set_faults(hang_health_generate=True)
+    decision = wait_record(node, since, lambda r: r["event"] == "decision", timeout=40)
+    node.set_faults()
+    # Quiet: nothing before the hang timeout (4 s in the lab), however many probes failed.
+    assert decision["epoch"] - started >= 4.0
+    assert decision["cause"] == "hang" and decision["rung"] == "as_is" and decision["to"] == decision["from"]
+    outcome = wait_record(node, since, lambda r: r["event"] == "outcome", timeout=60)
+    assert outcome["outcome"] == "ok"
+    assert node.file("/etc/sglang/override.env").splitlines()[3:] == before.splitlines()[3:]
+    code, report = node.status()
+    assert report["health_generate"]["ok"] and report["guard"]["state"] == "watching", report["problems"]
+
+
+def test_drill3_unknown_crash_bounded_restarts_then_stop_and_alert(guard_node):
+    node = guard_node
+    since = reset(node)
+    node.set_faults(crash_after_seconds=200, crash_kind="illegal_memory_access")  # 2 s after ready, in the lab
+    try:
+        stopped = wait_record(node, since, lambda r: r["event"] == "stopped", timeout=120)
+    finally:
+        node.set_faults()
+    new = records(node)[since:]
+    decisions = [r for r in new if r["event"] == "decision"]
+    assert len(decisions) == 3 and all(d["rung"] == "as_is" and d["to"] == d["from"] for d in decisions)
+    assert all(r["cause"] == "not_memory" and r["kind"] == "illegal_memory_access"
+               for r in new if r["event"] == "incident")
+    assert "restarted as-is 3 time(s)" in stopped["reason"]
+    assert stopped["config"] == SEED_CONFIG  # no config change
+    alert = node.sh(f"journalctl MESSAGE_ID={GUARD_STOPPED} -o cat --no-pager").stdout
+    assert "OPSCTL-GUARD-STOPPED" in alert
+    assert node.opsctl("guard", "status").returncode == 2
+    assert json.loads(node.opsctl("status", "--json").stdout)["guard"]["state"] == "stopped"
+
+
+def test_drill4_crash_loop_exhausts_the_budget(guard_node):
+    node = guard_node
+    since = reset(node)
+    node.set_faults(crash_at_start=True)
+    try:
+        node.sh("docker kill sglang")
+        stopped = wait_record(node, since, lambda r: r["event"] == "stopped", timeout=150)
+    finally:
+        node.set_faults()
+    new = records(node)[since:]
+    outcomes = [r["outcome"] for r in new if r["event"] == "outcome"]
+    assert outcomes == ["down"] * 4  # the lab's budget: 4 an hour
+    assert all(r["rung"] == "as_is" for r in new if r["event"] == "decision")
+    assert "budget is spent" in stopped["reason"]
+    assert stopped["last_good"]["values"] == SEED_CONFIG
+    status = json.loads(node.opsctl("guard", "status", "--json").stdout)
+    assert status["state"] == "stopped" and status["budget_left"] == 0
+    assert status["last_good"]["values"] == SEED_CONFIG
+
+
+def test_drill5_guard_killed_mid_remediation_finishes_the_step(guard_node):
+    node = guard_node
+    since = reset(node)
+    node.set_faults(slow_start_seconds=400)  # 4 s more per start, in the lab: time to kill the guard
+    seed_crash(node, base=10)
+    action = wait_record(node, since, lambda r: r["event"] == "action", timeout=30)
+    node.sh("systemctl kill --signal=SIGKILL opsctl-guard.service", check=True)
+    node.set_faults()
+    step = action["step_id"]
+    outcome = wait_record(node, since, lambda r: r["event"] == "outcome" and r["step_id"] == step, timeout=90)
+    assert outcome["outcome"] == "ok"
+    events = [r["event"] for r in step_records(node, since, step)]
+    assert events == ["decision", "action", "resumed-step", "outcome"]  # one decision: not repeated
+    assert len([r for r in records(node)[since:] if r["event"] == "guard-started"]) == 1
+    assert unit_active(node) and "expandable_segments:True" in node.file("/etc/sglang/override.env")
+    assert json.loads(node.opsctl("guard", "status", "--json").stdout)["state"] == "watching"
+
+
+def test_drill6_operator_restart_during_a_remediation_does_not_interleave(guard_node):
+    node = guard_node
+    since = reset(node)
+    history_since = len(records(node, HISTORY))
+    node.set_faults(slow_start_seconds=400)
+    seed_crash(node, base=20)
+    wait_record(node, since, lambda r: r["event"] == "action", timeout=30)
+    refused = node.opsctl("restart", "--reason", "operator drill, no wait")
+    assert refused.returncode == 2 and "another engine change is in progress" in refused.stderr
+    assert "opsctl-guard" in refused.stderr
+    queued = subprocess.Popen(["docker", "exec", node.name, "opsctl", "restart", "--wait-lock", "120",
+                               "--reason", "operator drill"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    node.set_faults()
+    _, err = queued.communicate(timeout=180)
+    assert queued.returncode == 0, err
+    history = [(r["actor"], r["outcome"]) for r in records(node, HISTORY)[history_since:] if r["event"] == "restart"]
+    assert history == [("opsctl-guard", "started"), ("opsctl-guard", "ok"), ("root", "started"), ("root", "ok")]
+    new = records(node)[since:]
+    assert [r["event"] for r in new].count("decision") == 1  # the operator's restart is not a death
+    assert any(r["event"] == "standing-by" for r in new)
+    assert unit_active(node)
+    assert AUDIT  # the audit log path the drills read

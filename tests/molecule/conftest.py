@@ -1,0 +1,24 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def molecule():
+    """Run `molecule test -s SCENARIO` with the venv's tools on PATH (molecule calls ansible-*)."""
+
+    def run(scenario: str) -> str:
+        bin_dir = Path(sys.executable).parent
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        result = subprocess.run([str(bin_dir / "molecule"), "test", "-s", scenario], cwd=REPO, env=env,
+                                capture_output=True, text=True, check=False)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-6000:]
+        return output
+
+    return run

@@ -1,0 +1,188 @@
+"""opsctl rollout: the playbook command, progress parsing, summaries and exit codes (no nodes)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from opsctl import rollout as ro
+from opsctl.cli import cli
+from opsctl.commands import rollout as command
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_run(run_dir: Path, hosts: list[str], results: dict[str, dict], run: str = "r2") -> None:
+    (run_dir / "hosts").mkdir(parents=True, exist_ok=True)
+    (run_dir / "plan.json").write_text(json.dumps({"rollout": run_dir.name, "run": run, "hosts": hosts}))
+    for host, result in results.items():
+        (run_dir / "hosts" / f"{host}.json").write_text(json.dumps({"run": run, **result}))
+
+
+def test_change_extra_vars_and_name():
+    change = ro.Change(fraction=0.93, chunked_prefill_size=2048, expandable_segments=False,
+                       image="dflash/sglang:0.5.24")
+    assert change.extra_vars() == {"rollout_mem_fraction_static": 0.93, "rollout_chunked_prefill_size": 2048,
+                                   "rollout_expandable_segments": False, "rollout_image": "dflash/sglang:0.5.24"}
+    assert change.slug() == "fraction-0.93_chunk-2048_expandable-off_image-dflash_sglang_0.5.24"
+    assert ro.Change().slug() == "inventory-values"
+    assert ro.Change().extra_vars() == {}
+
+
+def test_playbook_command_uses_this_environment_and_passes_typed_extra_vars(tmp_path):
+    argv = ro.playbook_command(inventory=tmp_path / "inv", limit="dflash", change=ro.Change(fraction=0.93),
+                               name="n", state_dir=tmp_path / "s", batch=2, check=True, resume=False,
+                               playbook_dir=REPO / "ansible")
+    assert argv[0] == str(Path(sys.executable).parent / "ansible-playbook")
+    assert argv[3] == str(REPO / "ansible" / "rollout.yml")
+    extra = json.loads(argv[argv.index("-e") + 1])
+    assert extra == {"rollout_mem_fraction_static": 0.93, "rollout_name": "n", "rollout_state_dir": str(tmp_path / "s"),
+                     "rollout_batch": 2, "rollout_resume": False}
+    assert argv[-4:] == ["-l", "dflash", "--check", "--diff"]
+    assert ro.playbook_env({})["ANSIBLE_STDOUT_CALLBACK"] == "ansible.posix.jsonl"
+
+
+def test_default_state_dir_sits_next_to_the_inventory(tmp_path):
+    inventory = tmp_path / "inventories" / "lab"
+    inventory.mkdir(parents=True)
+    assert ro.default_state_dir(inventory) == tmp_path / "inventories" / ".rollout" / "lab"
+    (inventory / "hosts.yml").write_text("")
+    assert ro.default_state_dir(inventory / "hosts.yml") == tmp_path / "inventories" / ".rollout" / "lab"
+
+
+def test_parse_events_reads_jsonl_results_and_diffs():
+    lines = [
+        "[WARNING]: something on stderr",
+        json.dumps({"_event": "v2_playbook_on_task_start", "task": {"name": "Drain: wait"}, "hosts": {}}),
+        json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Drain: wait until idle."},
+                    "hosts": {"n1": {"changed": False}}}),
+        json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Render: write the environment file."},
+                    "hosts": {"n1": {"changed": True, "diff": [
+                        {"before": "A=1\n", "after": "A=2\n", "before_header": "/etc/x", "after_header": "/etc/x"}]}}}),
+        json.dumps({"_event": "v2_runner_on_failed", "task": {"name": "Restart: restart the engine."},
+                    "hosts": {"n2": {"msg": "Job failed"}}}),
+    ]
+    events = list(ro.parse_events(iter(lines)))
+    assert [(e.host, e.phase, e.outcome) for e in events] == [
+        ("n1", "Drain", "ok"), ("n1", "Render", "changed"), ("n2", "Restart", "failed")]
+    assert events[2].message == "Job failed"
+    text = ro.unified_diff(events[1].diffs[0])
+    assert "-A=1\n" in text and "+A=2\n" in text
+
+
+def test_summary_of_a_stopped_rollout(tmp_path):
+    run_dir = tmp_path / "fraction-0.93"
+    write_run(run_dir, ["n1", "n2", "n3"], {
+        "n1": {"status": "done", "requested": {"sglang_mem_fraction_static": 0.93},
+               "timings": {"engine_start_s": 4.0, "overhead_s": 6.5, "total_s": 10.5}},
+        "n2": {"status": "rolled_back", "reason": "Restart: restart the engine.: Job failed"},
+    })
+    summary = ro.summarize(run_dir)
+    assert [(n.host, n.status) for n in summary.nodes] == [("n1", "done"), ("n2", "rolled_back"), ("n3", "not reached")]
+    data = summary.to_json()
+    assert (data["done"], data["rolled_back"], data["not_reached"]) == (["n1"], ["n2"], ["n3"])
+    assert data["overhead_s"] == {"median": 6.5, "max": 6.5}
+    assert summary.exit_code == ro.EXIT_STOPPED
+    assert "sglang_mem_fraction_static: 0.93" in ro.inventory_hint(summary)
+
+
+def test_summary_exit_codes(tmp_path):
+    write_run(tmp_path / "a", ["n1", "n2"], {"n1": {"status": "done"}, "n2": {"status": "unchanged"}})
+    assert ro.summarize(tmp_path / "a").exit_code == ro.EXIT_DONE
+    write_run(tmp_path / "b", ["n1"], {"n1": {"status": "rollback_failed"}})
+    assert ro.summarize(tmp_path / "b").exit_code == ro.EXIT_DOWN
+    write_run(tmp_path / "c", ["n1"], {"n1": {"status": "refused"}})
+    assert ro.summarize(tmp_path / "c").exit_code == ro.EXIT_STOPPED
+    assert ro.summarize(tmp_path / "missing") is None
+
+
+def test_resumed_run_counts_nodes_finished_earlier(tmp_path):
+    run_dir = tmp_path / "r"
+    write_run(run_dir, ["n1", "n2"], {"n2": {"status": "done"}}, run="second")
+    (run_dir / "hosts" / "n1.json").write_text(json.dumps({"run": "first", "status": "done"}))
+    summary = ro.summarize(run_dir)
+    assert [n.status for n in summary.nodes] == [ro.DONE_EARLIER, "done"]
+    assert summary.exit_code == ro.EXIT_DONE
+
+
+@pytest.fixture
+def fake_playbook(tmp_path, monkeypatch):
+    """A stand-in ansible/ folder and a Popen that writes the results a real run would."""
+    ansible = tmp_path / "ansible"
+    (ansible / "inventories" / "lab").mkdir(parents=True)
+    (ansible / "rollout.yml").write_text("---\n")
+    monkeypatch.setenv("OPSCTL_ANSIBLE_DIR", str(ansible))
+    calls = []
+
+    class FakePopen:
+        results: dict = {}
+        rc = 2
+
+        def __init__(self, argv, **kwargs):
+            calls.append(argv)
+            extra = json.loads(argv[argv.index("-e") + 1])
+            run_dir = Path(extra["rollout_state_dir"]) / extra["rollout_name"]
+            if self.results:
+                write_run(run_dir, list(self.results), {h: r for h, r in self.results.items() if r})
+            self.stdout = iter([json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Drain: wait."},
+                                            "hosts": {"n1": {}}}) + "\n"])
+
+        def wait(self):
+            return self.rc
+
+    monkeypatch.setattr(command.subprocess, "Popen", FakePopen)
+    return ansible, FakePopen, calls
+
+
+def test_cli_stopped_rollout_exits_1_with_summary(fake_playbook):
+    ansible, popen, calls = fake_playbook
+    popen.results = {"n1": {"status": "done", "requested": {"sglang_mem_fraction_static": 0.93}},
+                     "n2": {"status": "rolled_back", "reason": "no"}, "n3": {}}
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab"),
+                                      "--json"])
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert (data["done"], data["rolled_back"], data["not_reached"]) == (["n1"], ["n2"], ["n3"])
+    state = ansible / "inventories" / ".rollout" / "lab"
+    assert json.loads((state / "fraction-0.93.json").read_text())["exit_code"] == 1
+    assert (state / "fraction-0.93" / "ansible.log").read_text().startswith("{")
+
+
+def test_cli_playbook_refusal_before_any_node_exits_2(fake_playbook):
+    ansible, popen, _ = fake_playbook
+    popen.results = {}
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
+    assert result.exit_code == 2
+    assert "stopped before changing any node" in result.stderr
+
+
+def test_cli_usage_errors(fake_playbook, tmp_path):
+    ansible, _, calls = fake_playbook
+    inventory = str(ansible / "inventories" / "lab")
+    assert CliRunner().invoke(cli, ["rollout", "--fraction", "1.2", "-i", inventory]).exit_code == 2
+    bad_chunk = CliRunner().invoke(cli, ["rollout", "--chunked-prefill-size", "0", "-i", inventory])
+    assert bad_chunk.exit_code == 2 and "-1 (no chunking)" in bad_chunk.stderr
+    resume = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", inventory, "--resume"])
+    assert resume.exit_code == 2 and "no rollout named fraction-0.93 to resume" in resume.stderr
+    assert calls == []
+
+
+def test_cli_resume_passes_the_flag(fake_playbook):
+    ansible, popen, calls = fake_playbook
+    popen.results = {"n1": {"status": "done"}}
+    popen.rc = 0
+    inventory = str(ansible / "inventories" / "lab")
+    assert CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", inventory]).exit_code == 0
+    assert CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", inventory, "--resume"]).exit_code == 0
+    assert json.loads(calls[-1][calls[-1].index("-e") + 1])["rollout_resume"] is True
+
+
+def test_playbook_passes_syntax_check_with_both_inventories():
+    import subprocess
+    for inventory in ("inventories/production", "inventories/lab"):
+        result = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", inventory,
+                                 "rollout.yml", "--syntax-check"], cwd=REPO / "ansible", capture_output=True,
+                                text=True, check=False)
+        assert result.returncode == 0, result.stderr
