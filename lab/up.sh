@@ -17,6 +17,8 @@ lab/build-images.sh
 stage "starting node $node"
 lab/node.sh create "$node"
 stage "provisioning $node with ansible/site.yml (lab inventory)"
-(cd ansible && ../.venv/bin/ansible-playbook -i inventories/lab site.yml -l "$node")
+# The lab inventory leaves the guard off (tests break engines on purpose); a lab node to try
+# things on gets it, as production does.
+(cd ansible && ../.venv/bin/ansible-playbook -i inventories/lab site.yml -l "$node" -e '{"opsctl_guard_enabled": true}')
 stage "done; opsctl status on $node"
 docker exec "$node" opsctl status

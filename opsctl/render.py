@@ -29,13 +29,22 @@ def templates_dir() -> Path:
     return Path(__file__).resolve().parent / "_templates"
 
 
+def _ansible_bool(value: Any) -> bool:
+    """Ansible's `bool` filter: extra vars arrive as strings ("false", "no", "0" are false)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("yes", "on", "1", "true", "y", "t")
+    return bool(value)
+
+
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates_dir()),
         undefined=jinja2.StrictUndefined,  # a missing variable is an error, not an empty string
         keep_trailing_newline=False,  # as Ansible's template module
         trim_blocks=True,
     )
+    env.filters["bool"] = _ansible_bool
+    return env
 
 
 def render(template: str, variables: dict[str, Any]) -> str:

@@ -25,22 +25,9 @@ def provision(node: LabNode) -> subprocess.CompletedProcess[str]:
     return node.provision("-e", json.dumps(SEED_VARS))
 
 
-def generate(node: LabNode, tokens: int, offset: int = 1000, timeout: float = 120) -> dict:
-    """POST /generate with `tokens` token ids (the body goes on stdin: 185k ids do not fit an argv)."""
-    body = json.dumps({"input_ids": list(range(offset, offset + tokens)),
-                       "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
-    result = subprocess.run(["docker", "exec", "-i", node.name, "curl", "-s", "-m", str(timeout), "-X", "POST",
-                             "http://127.0.0.1:30000/generate", "-H", "Content-Type: application/json",
-                             "--data-binary", "@-"], input=body, capture_output=True, text=True,
-                            timeout=timeout + 10, check=False)
-    if result.stdout.strip().startswith("{"):
-        return json.loads(result.stdout)
-    return {"error": result.stdout or f"curl exit {result.returncode}"}
-
-
 def seed_crash(node: LabNode, base: int = 0) -> list[dict]:
     """Send the seed's prompts; the last one kills a 0.94/8192/no-expandable engine."""
-    return [generate(node, tokens, offset=(base + index + 1) * 1_000_000) for index, tokens in enumerate(SEED_PROMPTS)]
+    return [node.generate(tokens, offset=(base + index + 1) * 1_000_000) for index, tokens in enumerate(SEED_PROMPTS)]
 
 
 def records(node: LabNode, path: str = AUDIT) -> list[dict]:

@@ -64,14 +64,17 @@ class LabNode:
                 check=True)
         time.sleep(1.0)
 
-    def generate(self, prompt_tokens: int, max_new_tokens: int = 4, timeout: float = 120) -> dict:
-        body = json.dumps({"input_ids": list(range(1000, 1000 + prompt_tokens)),
+    def generate(self, tokens: int, offset: int = 1000, max_new_tokens: int = 4, timeout: float = 120) -> dict:
+        """POST /generate with `tokens` token ids (the body goes on stdin: 185k ids do not fit an argv)."""
+        body = json.dumps({"input_ids": list(range(offset, offset + tokens)),
                            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}})
-        path = "/tmp/generate.json"
-        self.sh(f"cat > {path} <<'EOF'\n{body}\nEOF", check=True)
-        result = self.sh(f"curl -s -m {timeout} -X POST http://127.0.0.1:30000/generate "
-                         f"-H 'Content-Type: application/json' --data @{path}", timeout=timeout + 10)
-        return json.loads(result.stdout) if result.stdout.strip().startswith("{") else {"error": result.stdout}
+        result = subprocess.run(["docker", "exec", "-i", self.name, "curl", "-s", "-m", str(timeout), "-X", "POST",
+                                 "http://127.0.0.1:30000/generate", "-H", "Content-Type: application/json",
+                                 "--data-binary", "@-"], input=body, capture_output=True, text=True,
+                                timeout=timeout + 10, check=False)
+        if result.stdout.strip().startswith("{"):
+            return json.loads(result.stdout)
+        return {"error": result.stdout or f"curl exit {result.returncode}"}
 
     def file(self, path: str) -> str:
         return self.sh(f"cat {shlex.quote(path)} 2>/dev/null").stdout

@@ -11,7 +11,6 @@ from guardlab import (
     AUDIT,
     HISTORY,
     SEED_CONFIG,
-    generate,
     node_for_guard,
     provision,
     records,
@@ -64,7 +63,7 @@ def test_drill1_seed_oom_is_remediated_and_survives_185k(guard_node):
     # The guard chose this config, it is in force, and the engine serves a 185k-token prompt on it.
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in node.file("/etc/sglang/override.env")
     assert unit_active(node)
-    answer = generate(node, 185_000, offset=50_000_000, timeout=120)
+    answer = node.generate(185_000, offset=50_000_000, timeout=120)
     assert answer.get("meta_info", {}).get("prompt_tokens") == 185_000, answer
     assert unit_active(node)
     status = json.loads(node.opsctl("guard", "status", "--json").stdout)

@@ -23,8 +23,10 @@ def test_engine_env_lines_follow_the_allocator_lines():
 
 
 def test_expandable_segments_off_is_explicit():
-    env = render.parse_env_file(render.render("sglang.env.j2", render.role_settings(sglang_expandable_segments=False)))
-    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+    # `-e sglang_expandable_segments=false` arrives as a string: it must still mean off.
+    for off in (False, "false", "no"):
+        env = render.parse_env_file(render.render("sglang.env.j2", render.role_settings(sglang_expandable_segments=off)))
+        assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False", off
 
 
 def test_engine_argv_takes_the_tuned_values_from_the_environment_file():
