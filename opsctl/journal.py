@@ -18,14 +18,20 @@ def cursor(unit: str) -> str | None:
     return None
 
 
-def excerpt(unit: str, lines: int = 30) -> str | None:
-    """The last `lines` of the unit's journal, or None where there is no journal to read."""
+def tail(unit: str, lines: int) -> list[str]:
+    """The last `lines` of the unit's journal (short-iso), or [] where there is no journal to read."""
     if shutil.which("journalctl") is None:
-        return None
+        return []
     result = subprocess.run(["journalctl", "-u", unit, "-n", str(lines), "-o", "short-iso", "--no-pager"],
                             capture_output=True, text=True, errors="replace", check=False, timeout=10)
-    text = result.stdout.strip()
-    return text if result.returncode == 0 and text and "-- No entries --" not in text else None
+    if result.returncode != 0:
+        return []
+    return [line for line in result.stdout.splitlines() if not line.startswith("-- ")]
+
+
+def excerpt(unit: str, lines: int = 30) -> str | None:
+    """The end of the unit's journal as one text, or None where there is none."""
+    return "\n".join(tail(unit, lines)) or None
 
 
 class JournalFollower:

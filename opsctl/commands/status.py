@@ -18,6 +18,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from opsctl import journal, oom
 from opsctl.config import load_config
 from opsctl.engine import look
 from opsctl.envfiles import effective_config
@@ -87,6 +88,13 @@ def collect(timeout_s: float) -> dict[str, Any]:
     if "sglang:token_usage" in metrics:
         kv["token_usage"] = metrics["sglang:token_usage"]
 
+    # The last OOM or crash in the recent journal, with the analysis `opsctl oom` gives.
+    incidents = oom.analyze(journal.tail(config.unit, 5000))
+    last = incidents[-1] if incidents else None
+    last_incident = None if last is None else {
+        "time": last.time, "kind": last.kind, "classification": last.classification,
+        "action": last.recommendation.action if last.recommendation else None}
+
     guard = guard_summary(config)
     if guard["problem"]:
         problems.append((WARNING, guard["problem"]))
@@ -111,6 +119,7 @@ def collect(timeout_s: float) -> dict[str, Any]:
         "config": {s.name: dataclasses.asdict(s) | {"drift": s.drift} for s in effective.settings()},
         "kv_pool": kv,
         "gpus": gpu_summary(),
+        "last_incident": last_incident,
         "guard": guard,
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     }
@@ -161,6 +170,10 @@ def render_human(report: dict[str, Any]) -> None:
     gpus = report["gpus"]
     table.add_row("gpus", gpus if isinstance(gpus, str) else
                   ", ".join(f"{g['index']}: {g['memory_used_mib']:.0f}/{g['memory_total_mib']:.0f} MiB" for g in gpus))
+    last = report["last_incident"]
+    table.add_row("last crash", "none in the recent journal" if last is None else
+                  f"{last['time']}: {last['kind']} ({last['classification']})"
+                  + (f" -> {last['action']}" if last["action"] else ""))
     console.print(table)
 
 

@@ -97,6 +97,8 @@ def test_restart_the_gpu_cannot_start_with_rolls_back(lab_node):
     assert lab_node.file("/etc/sglang/override.env") == before
     code, report = lab_node.status()
     assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93
+    # status names the crash the failed start left in the journal.
+    assert report["last_incident"]["kind"] == "cuda_oom"
     history = [json.loads(line) for line in lab_node.file("/var/lib/opsctl/history.jsonl").splitlines()]
     assert [(r["event"], r["outcome"]) for r in history[-3:]] == [
         ("restart", "started"), ("restart", "failed"), ("rollback", "ok")]

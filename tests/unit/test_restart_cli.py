@@ -1,0 +1,79 @@
+"""opsctl restart / overrides: the errors a person sees before anything on the node changes."""
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from opsctl.cli import cli
+from opsctl.locking import engine_lock
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A node's files under tmp_path: Ansible's env file, an override file, the state folder."""
+    env_file, override = tmp_path / "sglang.env", tmp_path / "override.env"
+    env_file.write_text("SGLANG_MEM_FRACTION_STATIC=0.93\nSGLANG_CHUNKED_PREFILL_SIZE=4096\n"
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n")
+    override.write_text("# Managed by opsctl\nSGLANG_MEM_FRACTION_STATIC=0.94\n")
+    config = tmp_path / "opsctl.yml"
+    config.write_text(f"env_file: {env_file}\noverride_env_file: {override}\nstate_dir: {tmp_path / 'state'}\n")
+    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fraction", "1.3"], "1.3 is not a fraction: use a value strictly between 0 and 1"),
+    (["--fraction", "0"], "0.0 is not a fraction"),
+    (["--chunked-prefill-size", "-5"], "-5 is not a chunk size: use a positive token count"),
+])
+def test_restart_refuses_bad_values(node, args, message):
+    result = CliRunner().invoke(cli, ["restart", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    # Nothing changed: the override file is as it was, no history was written.
+    assert (node / "override.env").read_text() == "# Managed by opsctl\nSGLANG_MEM_FRACTION_STATIC=0.94\n"
+    assert not (node / "state" / "history.jsonl").exists()
+
+
+def test_restart_refuses_while_another_change_holds_the_lock(node):
+    with engine_lock(node / "state", "opsctl-guard: remediation"):
+        result = CliRunner().invoke(cli, ["restart", "--fraction", "0.92"])
+    assert result.exit_code == 2
+    assert "another engine change is in progress" in result.output
+    assert "opsctl-guard: remediation" in result.output
+
+
+def test_overrides_show_their_source_and_ansible_value(node):
+    result = CliRunner().invoke(cli, ["overrides"])
+    assert result.exit_code == 0
+    assert "mem_fraction_static = 0.94 (Ansible: 0.93)" in result.output
+    shown = json.loads(CliRunner().invoke(cli, ["overrides", "--json"]).output)
+    assert shown["overrides"]["mem_fraction_static"] == 0.94
+    assert shown["effective"]["chunked_prefill_size"]["source"] == "ansible"
+
+
+def test_overrides_clear_without_restart_rewrites_the_file_and_records_it(node):
+    result = CliRunner().invoke(cli, ["overrides", "clear", "--no-restart", "--reason", "back to inventory"])
+    assert result.exit_code == 0
+    text = (node / "override.env").read_text()
+    assert "SGLANG_MEM_FRACTION_STATIC" not in text and "back to inventory" in text
+    record = json.loads((node / "state" / "history.jsonl").read_text().splitlines()[-1])
+    assert record["event"] == "overrides-clear" and record["reason"] == "back to inventory"
+
+
+def test_remote_targets_become_the_node_side_command(monkeypatch):
+    from opsctl import remote
+
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)
+    target, rest = remote.split_target_args(["-H", "docker://dflash-train", "restart", "--fraction", "0.93"])
+    assert target == {"host": "docker://dflash-train"} and rest == ["restart", "--fraction", "0.93"]
+    assert remote.remote_command(target, rest) == [
+        "docker", "exec", "--interactive", "dflash-train", "opsctl", "restart", "--fraction", "0.93"]
+    assert remote.remote_command({"host": "ssh://ops@gpu-7:2222"}, ["status", "--json"]) == [
+        "ssh", "-p", "2222", "ops@gpu-7", "opsctl status --json"]
+    with pytest.raises(click.UsageError, match="unknown target 'ftp://node'"):
+        remote.remote_command({"host": "ftp://node"}, ["status"])
+    with pytest.raises(click.UsageError, match="-l/--limit needs -i/--inventory"):
+        remote.remote_command({"limit": "dflash-train"}, ["status"])
