@@ -8,10 +8,7 @@ BENCH_SIM_DIR points the tests at another copy of the simulator (default: images
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +22,7 @@ if not (SIM_DIR / "sglang_sim" / "timing.py").exists():
     pytest.skip("the lab engine (images/engine-sim/sglang_sim) is not here", allow_module_level=True)
 sys.path.insert(0, str(SIM_DIR))
 from sglang_sim import timing  # noqa: E402
+from sglang_sim.process import SimProcess  # noqa: E402
 
 # Accuracy runs: step times must be long against the event loop's ~1 ms timer granularity
 # and the per-chunk HTTP cost, or those, not the model, are what gets measured.
@@ -44,60 +42,21 @@ SEED_FLAGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sim:
-    """One simulator process; its stdout/stderr is the node's journal."""
+class Sim(SimProcess):
+    """The seed's server at a time factor, with no weight-load wait; healthy when constructed."""
 
     def __init__(self, tmp: Path, flags: list[str], time_factor: float, env: dict | None = None) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"sim-{self.port}.log"
-        full_env = dict(
-            os.environ,
-            PYTHONPATH=str(SIM_DIR),
-            SGLANG_SIM_TIME_FACTOR=str(time_factor),
-            SGLANG_SIM_LOAD_SECONDS="0",
-            **(env or {}),
-        )
-        if "PYTORCH_CUDA_ALLOC_CONF" not in (env or {}):
-            full_env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        self._log_file = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_sim", *SEED_FLAGS, "--port", str(self.port), *flags],
-            env=full_env,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        with BenchClient(self.url) as c:
-            while not c.health().ok:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"simulator did not start:\n{self.log.read_text()[-2000:]}")
-                time.sleep(0.05)
+        super().__init__([*SEED_FLAGS, *flags], tmp,
+                         {"SGLANG_SIM_TIME_FACTOR": str(time_factor), "SGLANG_SIM_LOAD_SECONDS": "0", **(env or {})})
+        self.wait_ready()
 
     def journal_excerpt(self) -> str:
-        lines = self.log.read_text(encoding="utf-8").splitlines()
+        lines = self.output().splitlines()
         start = next(
             (i for i, line in enumerate(lines) if "Scheduler hit an exception" in line),
             max(0, len(lines) - 15),
         )
         return "\n".join(lines[start : start + 40])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log_file.close()
 
 
 @pytest.fixture

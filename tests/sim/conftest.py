@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
-import socket
-import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -15,6 +11,7 @@ import pytest
 SIM_ROOT = pathlib.Path(__file__).resolve().parents[2] / "images" / "engine-sim"
 if str(SIM_ROOT) not in sys.path:
     sys.path.insert(0, str(SIM_ROOT))
+from sglang_sim.process import SimProcess  # noqa: E402
 
 BASE_FLAGS = [
     "--model-path",
@@ -36,55 +33,14 @@ BASE_FLAGS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sim:
-    """A running simulator: ``url``, ``proc``, ``output()`` (stdout+stderr so far)."""
+class Sim(SimProcess):
+    """A running simulator with the tests' defaults (time factor 0.002) and an HTTP client."""
 
     def __init__(self, flags, env, tmp_path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp_path / f"sim-{self.port}.log"
-        self._log = open(self.log_path, "wb")
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_SIM_", "PYTORCH_"))}
-        full_env.update({"PYTHONPATH": str(SIM_ROOT), "SGLANG_SIM_TIME_FACTOR": "0.002"})
-        full_env.update(env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_sim", *flags, "--port", str(self.port)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-        )
-
-    def output(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text()
-
-    def wait_ready(self, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"simulator exited {self.proc.returncode}:\n{self.output()}")
-            if "The server is fired up and ready to roll!" in self.output():
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"simulator not ready:\n{self.output()}")
-
-    def wait_exit(self, timeout: float = 15.0) -> int:
-        return self.proc.wait(timeout=timeout)
+        super().__init__(flags, tmp_path, {"SGLANG_SIM_TIME_FACTOR": "0.002", **env})
 
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0, **kw)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        self._log.close()
 
 
 @pytest.fixture

@@ -277,13 +277,13 @@ def test_sigterm_lets_inflight_request_finish(start_sim):
 
 
 def test_unknown_flag_exits_2(tmp_path):
-    from conftest import SIM_ROOT  # noqa: PLC0415
+    from sglang_sim.process import PACKAGE_PARENT
 
     r = subprocess.run(
         [sys.executable, "-m", "sglang_sim", "--model-path", "/m", "--bogus-flag"],
         capture_output=True,
         text=True,
-        cwd=SIM_ROOT,
+        cwd=PACKAGE_PARENT,
         timeout=30,
     )
     assert r.returncode == 2
