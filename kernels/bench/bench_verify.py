@@ -37,7 +37,6 @@ def ceilings():
     y = torch.empty_like(x)
     ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
     bw = 2 * x.numel() / (ms * 1e-3)
-    del x, y
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")

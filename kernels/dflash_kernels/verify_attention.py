@@ -38,7 +38,6 @@ Layout decisions:
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 

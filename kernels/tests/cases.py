@@ -25,7 +25,6 @@ def make_case(lens, ts, heads, mask="chain", page_size=1, idx_dtype=torch.int32,
     prefixes at scattered slots (page_size 1: a random permutation; page_size P: random pages,
     tokens contiguous inside a page) and random rows elsewhere."""
     gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-    bs = len(lens)
     n_pages = sum(math.ceil(L / page_size) for L in lens) + pool_extra // page_size + 1
     pool = n_pages * page_size
     kv = torch.randn(pool, va.D_LATENT, generator=gen).to(torch.bfloat16)

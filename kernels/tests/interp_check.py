@@ -20,7 +20,6 @@ interpreter_shim.install()
 import importlib  # noqa: E402
 
 import torch  # noqa: E402
-
 from cases import SM_SCALE, make_case, rel_err  # noqa: E402
 
 va = importlib.import_module("dflash_kernels.verify_attention")

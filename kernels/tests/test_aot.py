@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import triton
-
 from dflash_kernels import aot
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

@@ -4,7 +4,6 @@ import importlib
 
 import pytest
 import torch
-
 from cases import SM_SCALE, make_case, random_parents, sglang_custom_mask
 
 va = importlib.import_module("dflash_kernels.verify_attention")

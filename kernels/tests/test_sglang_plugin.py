@@ -12,7 +12,6 @@ import zipfile
 
 import pytest
 import torch
-
 from dflash_kernels import sglang_plugin as plugin
 
 SGLANG_VERSION = "0.5.23"
@@ -60,7 +59,7 @@ def test_call_site_matches_plugin_signature(backend_source):
                 "kv_indices", "custom_mask", "causal", "mask_indptr", "max_extend_len", "k_descale",
                 "v_descale", "scaling"]
     assert len(pos) == len(expected), pos
-    for src, token in zip(pos, expected):
+    for src, token in zip(pos, expected, strict=True):
         assert token in src, (src, token)
     sig = inspect.signature(plugin.MlaVerify.__call__)
     names = list(sig.parameters)[1:]

@@ -4,7 +4,6 @@ import importlib
 
 import pytest
 import torch
-
 from cases import SM_SCALE, load_peer, make_case, rel_err, run_peer
 
 va = importlib.import_module("dflash_kernels.verify_attention")
