@@ -10,4 +10,4 @@ scripts/bootstrap.sh
 lab/build-images.sh
 scripts/sglang-real-env.sh .venv-sglang
 echo "[test] setup took $(( $(date +%s) - t0 )) s" >&2
-exec .venv/bin/python -m pytest -m "not gpu and not image" "$@"
+exec .venv/bin/python -m pytest -m "not gpu and not image" --durations=15 "$@"
