@@ -55,6 +55,13 @@ class StartReport:
     def incidents(self) -> list[oom.Incident]:
         return oom.analyze(self.journal)
 
+    def excerpt(self, after: int = 40) -> list[str]:
+        """The journal lines that explain a failure: from the first fatal line on, else the last ones."""
+        first = next((i for i, line in enumerate(self.journal) if any(m in line for m in FATAL_MARKERS)), None)
+        if first is None:
+            return self.journal[-15:]
+        return self.journal[max(0, first - 3):first + after]
+
 
 @dataclasses.dataclass
 class RestartOutcome:

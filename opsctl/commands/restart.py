@@ -56,7 +56,7 @@ def _explain(report: StartReport) -> None:
     for incident in report.incidents():
         advice = f" -> {incident.recommendation.action}" if incident.recommendation else ""
         err_console.print(f"  {incident.kind} ({incident.classification}){advice}", soft_wrap=True)
-    excerpt = report.journal[-15:]
+    excerpt = report.excerpt()
     if excerpt:
         err_console.print("  journal:")
         for line in excerpt:
@@ -65,8 +65,12 @@ def _explain(report: StartReport) -> None:
 
 def _outcome_json(outcome: RestartOutcome) -> dict:
     def report(r: StartReport | None) -> dict | None:
-        return None if r is None else {"ok": r.ok, "reason": r.reason, "seconds": round(r.seconds, 1),
-                                       "phase": r.phase, "journal_tail": r.journal[-15:]}
+        if r is None:
+            return None
+        incidents = [{"kind": i.kind, "classification": i.classification, "phase": i.phase,
+                      "tried_bytes": i.tried_bytes, "free_bytes": i.free_bytes} for i in r.incidents()]
+        return {"ok": r.ok, "reason": r.reason, "seconds": round(r.seconds, 1), "phase": r.phase,
+                "incidents": incidents, "journal_excerpt": r.excerpt()}
     return {"ok": outcome.ok, "rolled_back": outcome.rolled_back, "from": outcome.before, "to": outcome.after,
             "attempt": report(outcome.attempt), "rollback": report(outcome.rollback)}
 

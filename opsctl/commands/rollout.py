@@ -144,12 +144,13 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     if check:
         if json_:
             print_json({"rollout": name, "check": True, "ansible_rc": rc, "changes": diffs})
-        for host, texts in diffs.items():
-            console.print(f"[bold]{host}[/bold]")
-            for text in texts:
-                console.print(text, markup=False, highlight=False, end="")
-        if not diffs:
-            console.print("no node would change")
+        else:
+            for host, texts in diffs.items():
+                console.print(f"[bold]{host}[/bold]")
+                for text in texts:
+                    console.print(text, markup=False, highlight=False, end="")
+            if not diffs:
+                console.print("no node would change")
         if rc != 0:
             raise click.ClickException(f"the check failed (ansible-playbook exit {rc}); see {log_path}")
         return

@@ -92,7 +92,9 @@ def test_restart_the_gpu_cannot_start_with_rolls_back(lab_node):
     outcome = json.loads(result.stdout)
     assert outcome["rolled_back"] and not outcome["attempt"]["ok"] and outcome["rollback"]["ok"]
     assert "crashed" in outcome["attempt"]["reason"]
-    assert any("OutOfMemoryError" in line for line in outcome["attempt"]["journal_tail"])
+    # It says why: the CUDA OOM the failed start logged, found by the same analysis as `opsctl oom`.
+    assert [i["kind"] for i in outcome["attempt"]["incidents"]] == ["cuda_oom"]
+    assert any("torch.OutOfMemoryError: CUDA out of memory" in line for line in outcome["attempt"]["journal_excerpt"])
     # Nothing lost: the previous override file is back byte for byte, and the engine serves on it.
     assert lab_node.file("/etc/sglang/override.env") == before
     code, report = lab_node.status()

@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ def molecule():
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
         result = subprocess.run([str(bin_dir / "molecule"), "test", "-s", scenario], cwd=REPO, env=env,
                                 capture_output=True, text=True, check=False)
-        output = result.stdout + result.stderr
+        output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)  # molecule colours its log
         assert result.returncode == 0, output[-6000:]
         return output
 

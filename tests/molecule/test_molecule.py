@@ -1,4 +1,4 @@
-"""The molecule scenario: create a lab node, converge site.yml, idempotence, testinfra, destroy."""
+"""Molecule scenarios of one lab node: create it, converge site.yml, idempotence, verify, destroy."""
 
 import pytest
 
@@ -6,14 +6,15 @@ import pytest
 @pytest.mark.molecule
 def test_molecule_default_scenario(molecule):
     output = molecule("default")
-    # Idempotence ran and found nothing to change; the verifier ran and passed.
-    assert "Idempotence completed successfully" in output
+    # Idempotence ran (a second converge changed nothing) and the testinfra verifier passed.
+    assert "default ➜ idempotence: Executed: Successful" in output
+    assert "default ➜ verify: Executed: Successful" in output
     assert " passed" in output and " failed" not in output
-
 
 
 @pytest.mark.molecule
 def test_molecule_guard_scenario(molecule):
     """The guard scenario: the seed's deployment, idempotence, then drill 1 as the verify step."""
     output = molecule("guard")
-    assert "Idempotence completed successfully" in output
+    assert "guard ➜ idempotence: Executed: Successful" in output
+    assert "guard ➜ verify: Executed: Successful" in output

@@ -75,6 +75,10 @@ def build_app(engine: Engine) -> web.Application:
             return web.Response(status=503)
         if request.path == "/health" and not _health_generation_enabled():
             return web.Response(status=200)
+        # Drill fault: /health_generate stops answering at all while /health still says 200.
+        # (Without this, any other request's output would pass the check below, as in SGLang.)
+        while request.path == "/health_generate" and engine.faults.get("hang_health_generate"):
+            await asyncio.sleep(0.05)
         obj = {
             "rid": f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}",
             "input_ids": [0],
