@@ -1,6 +1,6 @@
 """PNG plot of a sweep: step time and TTFT against context, with the bandwidth floor.
 
-matplotlib is an optional extra (`pip install 'opsctl[plot]'`); `PlotUnavailable` says so.
+matplotlib is an optional extra (`pip install 'dflash-ops[plot]'`); `PlotUnavailable` says so.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from opsctl.bench.floor import Floor
 from opsctl.bench.prompts import format_context
 from opsctl.bench.runner import RunResult
 
-INSTALL_HINT = "the plot needs matplotlib: pip install 'opsctl[plot]' (or pip install matplotlib)"
+INSTALL_HINT = "the plot needs matplotlib: pip install 'dflash-ops[plot]' (or pip install matplotlib)"
 
 
 class PlotUnavailable(RuntimeError):

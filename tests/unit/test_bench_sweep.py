@@ -420,7 +420,7 @@ def test_cli_plot_without_matplotlib_says_how_to_install(fake, tmp_path, monkeyp
         bench_cmd.bench, ["run", "--url", fake.url, "--contexts", "1k", "--plot", str(tmp_path / "x.png")]
     )
     assert r.exit_code == 1
-    assert "pip install 'opsctl[plot]'" in r.stderr
+    assert "pip install 'dflash-ops[plot]'" in r.stderr
     assert fake.requests == 0  # refused before measuring anything
 
 
