@@ -89,17 +89,21 @@ def _systemctl(*args: str) -> None:
         raise click.ClickException(f"systemctl {' '.join(args)} failed: {result.stderr.strip()}")
 
 
-def _rest_of_crash(unit: str, follower: journal.JournalFollower, wait_s: float = 5.0) -> list[str]:
-    """The traceback's remaining lines: read until the engine process is gone (or `wait_s`)."""
+# SGLang's launcher logs this once the scheduler's traceback is complete, then kills its tree.
+CRASH_END_MARKERS = ("It usually means the child failed", "It usually means one child failed")
+
+
+def _rest_of_crash(follower: journal.JournalFollower, so_far: list[str], wait_s: float = 5.0) -> list[str]:
+    """The traceback's remaining lines: read until the launcher's SIGQUIT line (or `wait_s`)."""
     lines: list[str] = []
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    while not any(marker in line for line in so_far + lines for marker in CRASH_END_MARKERS):
+        if time.monotonic() > deadline:
+            return lines
         time.sleep(0.2)
         lines.extend(follower.new_lines())
-        if unit_state(unit).sub_state not in ("start-post", "running", "start"):
-            lines.extend(follower.new_lines())
-            break
-    return lines
+    time.sleep(0.3)  # the last lines journald has not handed over yet
+    return lines + follower.new_lines()
 
 
 def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallback) -> StartReport:
@@ -114,12 +118,14 @@ def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallba
         baseline = None
         while True:
             elapsed = time.monotonic() - started
-            for line in follower.new_lines():
-                seen.append(line)
+            batch = follower.new_lines()
+            for index, line in enumerate(batch):
                 phase = next((name for marker, name in PHASES if marker in line), phase)
                 if any(marker in line for marker in FATAL_MARKERS):
-                    seen.extend(_rest_of_crash(config.unit, follower))
+                    seen.extend(batch)  # the traceback often arrives in the same batch
+                    seen.extend(_rest_of_crash(follower, batch[index:]))
                     return StartReport(False, f"the engine crashed while {phase}", elapsed, phase, seen)
+            seen.extend(batch)
             state = unit_state(config.unit)
             if baseline is None and state.active_state in ("activating", "active"):
                 baseline = state.restarts
