@@ -19,7 +19,10 @@ def molecule():
         result = subprocess.run([str(bin_dir / "molecule"), "test", "-s", scenario], cwd=REPO, env=env,
                                 capture_output=True, text=True, check=False)
         output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)  # molecule colours its log
-        assert result.returncode == 0, output[-6000:]
+        # On failure show the first failed task too, not only the clean-up that follows it.
+        first_failure = output.find("fatal: [")
+        context = output[max(0, first_failure - 2000):first_failure + 3000] if first_failure >= 0 else ""
+        assert result.returncode == 0, context + "\n...\n" + output[-3000:]
         return output
 
     return run
