@@ -74,7 +74,8 @@ def test_full_image_builds_with_sglang_and_the_kernels(context, tmp_path):
     _build(pip_base, "dflash-lab/debian-pip:bookworm")
     tag = "dflash/sglang:test"
     _build(context, tag, "--build-arg", f"BUILD_IMAGE={BUILD_BASE}", "--build-arg", f"TRITON_SPEC={TRITON_SPEC}",
-           "--build-arg", "BASE_IMAGE=dflash-lab/debian-pip:bookworm", "--build-arg", "PIP_FLAGS=--no-deps")
+           "--build-arg", "BASE_IMAGE=dflash-lab/debian-pip:bookworm", "--build-arg", "PIP_FLAGS=--no-deps",
+           "--build-arg", f"EXTRA_PACKAGES={TRITON_SPEC}")
     labels = json.loads(subprocess.run(["docker", "image", "inspect", tag], capture_output=True, text=True,
                                        check=True).stdout)[0]["Config"]["Labels"]
     assert labels["dflash.sglang.spec"] == "sglang==0.5.23"
