@@ -125,24 +125,25 @@ def sweep_table(result: RunResult, title: str | None = None) -> Table:
     table.add_column("flags")
     for p in result.points:
         row = point_row(p, floor)
-        cells = [
-            _ctx_label(p),
-            fmt_duration(p.ttft_s),
-            fmt_tok_s(p.prefill_tok_s),
-            fmt_rate(p.decode_tok_s),
-            fmt_ms(p.step_ms),
-            f"{p.accept_length:.2f}" if p.accept_length else "-",
-        ]
+        cells = _seed_cells(p) + [f"{p.accept_length:.2f}" if p.accept_length else "-"]
         if repeats:
             cells += [str(p.n_valid), _spread_pct(p, "step_ms")]
         if floor:
-            cells += [
-                f"{row['floor_step_ms']:.2f}" if row["floor_step_ms"] else "-",
-                f"{row['x_floor']:.0f}×" if row["x_floor"] else "-",
-            ]
+            cells += _floor_cells(row)
         cells.append(row["flags"] or "")
         table.add_row(*cells)
     return table
+
+
+def _seed_cells(p) -> list[str]:
+    """The seed's columns: context, TTFT, prefill tok/s, decode tok/s, ms/step."""
+    return [_ctx_label(p), fmt_duration(p.ttft_s), fmt_tok_s(p.prefill_tok_s), fmt_rate(p.decode_tok_s),
+            fmt_ms(p.step_ms)]
+
+
+def _floor_cells(row: dict) -> list[str]:
+    return [f"{row['floor_step_ms']:.2f}" if row["floor_step_ms"] else "-",
+            f"{row['x_floor']:.0f}×" if row["x_floor"] else "-"]
 
 
 def fit_line(result: RunResult) -> str | None:
@@ -167,19 +168,9 @@ def markdown_table(result: RunResult) -> str:
         head += ["floor ms/step", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in result.points:
-        row = point_row(p, floor)
-        cells = [
-            _ctx_label(p),
-            fmt_duration(p.ttft_s),
-            fmt_tok_s(p.prefill_tok_s),
-            fmt_rate(p.decode_tok_s),
-            fmt_ms(p.step_ms),
-        ]
+        cells = _seed_cells(p)
         if floor:
-            cells += [
-                f"{row['floor_step_ms']:.2f}" if row["floor_step_ms"] else "-",
-                f"{row['x_floor']:.0f}×" if row["x_floor"] else "-",
-            ]
+            cells += _floor_cells(point_row(p, floor))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

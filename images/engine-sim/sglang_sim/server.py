@@ -31,6 +31,12 @@ def _error(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
+def _openai_error(exc: Exception) -> web.Response:
+    """The OpenAI-style 400 body SGLang's /v1 endpoints answer a bad request with."""
+    body = {"object": "error", "message": str(exc), "type": "BadRequestError", "param": None, "code": 400}
+    return web.json_response(body, status=400)
+
+
 def build_app(engine: Engine) -> web.Application:
     cfg = engine.cfg
     api_key = cfg.args.api_key
@@ -259,16 +265,7 @@ def build_app(engine: Engine) -> web.Application:
                 async for out in gen:
                     last = out
             except RequestError as exc:
-                return web.json_response(
-                    {
-                        "object": "error",
-                        "message": str(exc),
-                        "type": "BadRequestError",
-                        "param": None,
-                        "code": 400,
-                    },
-                    status=400,
-                )
+                return _openai_error(exc)
             text, meta, _ = last
             return web.json_response(
                 {
@@ -297,16 +294,7 @@ def build_app(engine: Engine) -> web.Application:
         try:
             first = await gen.__anext__()
         except RequestError as exc:
-            return web.json_response(
-                {
-                    "object": "error",
-                    "message": str(exc),
-                    "type": "BadRequestError",
-                    "param": None,
-                    "code": 400,
-                },
-                status=400,
-            )
+            return _openai_error(exc)
         await resp.prepare(request)
         sent = ""
         out = first
