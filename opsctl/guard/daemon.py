@@ -2,8 +2,10 @@
 
 One loop, every `TICK_S`:
 
-1. Control: paused or stopped (state file) -> read and drop the journal, do nothing.
-   Another engine change holds the engine lock (`opsctl restart`) -> stand by, then resync.
+1. Control: paused or stopped (state file) -> read and drop the journal, do nothing; back to
+   watching -> resync. Another engine change holds the engine lock (`opsctl restart`) -> stand
+   by, then resync. A resync primes a fresh scanner on the unit's recent journal, so it knows
+   whether the engine is starting or serving.
 2. Journal: feed new lines to the same `OomScanner` `opsctl oom` uses. A fatal line (SGLang's
    "Scheduler hit an exception", the launcher's SIGQUIT line, ...) or a unit that died
    (auto-restart, failed, NRestarts grew) starts a death; it is decided as soon as the scanner
@@ -462,6 +464,7 @@ class Watcher:
         self._resync()
         self.prober.start()
         standing_by = None
+        idle = False  # paused or stopped: the journal is not followed for deaths
         last_beat = 0.0
         try:
             while not self.stopping.is_set():
@@ -474,8 +477,16 @@ class Watcher:
                 unit = self.node.unit()
                 self._unit_active = unit.active_state == "active"
                 if state["paused"] or state["status"] == STOPPED:
+                    idle = True
                     self.restarts = unit.restarts
                     time.sleep(TICK_S)
+                    continue
+                if idle:
+                    # Back to watching: the engine may have started (or died) meanwhile, and the
+                    # scanner saw none of it; without a resync it would still believe the engine is
+                    # in the start that failed, and file the next serving OOM as a startup failure.
+                    idle = False
+                    self._resync()
                     continue
                 holder = self.node.lock_holder()
                 if holder:

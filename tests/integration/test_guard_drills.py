@@ -130,10 +130,6 @@ def test_drill4_crash_loop_exhausts_the_budget(guard_node):
     assert status["last_good"]["values"] == SEED_CONFIG
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect: right after drill 4 (crash loop, budget spent, resumed) the guard's scanner files the "
-    "seed's serving OOM as a startup allocation failure and lowers the fraction instead of enabling "
-    "expandable_segments; passes when run before drill 4"))
 def test_drill5_guard_killed_mid_remediation_finishes_the_step(guard_node):
     node = guard_node
     since = reset(node)

@@ -1,0 +1,156 @@
+"""The guard's loop (`Watcher`) with a fake node, journal and guard: what the scanner knows when
+the guard goes back to watching after a stop."""
+
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from opsctl import oom
+from opsctl.config import GuardConfig, NodeConfig
+from opsctl.guard import daemon
+from opsctl.guard.state import STOPPED, GuardStore
+from opsctl.overrides import TunedValues
+from opsctl.startup_log import EngineConfig
+from opsctl.systemd import UnitState
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oom"
+STARTUP = (FIXTURES / "startup_093.log").read_text().splitlines()
+SERVING_OOM = (FIXTURES / "seed_journal.log").read_text().splitlines()
+# A start that dies while the guard is stopped (drill 4's crash loop): args, weights, no pool.
+FAILED_START = [STARTUP[0], STARTUP[1], "[2026-05-31 10:21:00] Received sigquit from a child process. It usually means the child failed."]
+
+
+class FakeJournal:
+    """The unit's journal: `backlog` sees all of it, a follower the lines written after it opened."""
+
+    def __init__(self, lines):
+        self.lines = list(lines)
+        self.followers = []
+        self.opened = 0  # followers opened so far: one per resync of the guard
+
+    def write(self, *lines):
+        self.lines.extend(lines)
+        for follower in self.followers:
+            follower.queue.extend(lines)
+
+    def follower(self, unit, cursor):
+        journal = self
+
+        class Follower:
+            queue = []
+
+            def new_lines(self):
+                lines, self.queue[:] = list(self.queue), []
+                return lines
+
+            def close(self):
+                journal.followers.remove(self)
+
+        follower = Follower()
+        follower.queue = []
+        self.followers.append(follower)
+        self.opened += 1
+        return follower
+
+
+class FakeNode:
+    def __init__(self, journal):
+        self.journal = journal
+        self.active = True
+
+    def effective(self):
+        return TunedValues(0.94, 8192, False)
+
+    def unit(self):
+        state = ("active", "running") if self.active else ("activating", "auto-restart")
+        return UnitState("sglang.service", "loaded", *state, "success", 0, 1, 0, "enabled", datetime.now(timezone.utc))
+
+    def lock_holder(self):
+        return None
+
+    def backlog(self):
+        return list(self.journal.lines), "cursor"
+
+    def config_hint(self):
+        return EngineConfig(mem_fraction_static=0.94, chunked_prefill_size=8192, expandable_segments=False)
+
+
+class RecordingGuard:
+    """Records deaths; the first `stop_after` of them spend the budget, as in a crash loop."""
+
+    def __init__(self, store, stop_after=0):
+        self.store = store
+        self.stop_after = stop_after
+        self.deaths = []
+
+    def resume_pending(self):
+        pass
+
+    def heartbeat(self):
+        pass
+
+    def observe_serving(self):
+        pass
+
+    def on_death(self, death, seen):
+        self.deaths.append(death)
+        if len(self.deaths) <= self.stop_after:
+            with self.store.update() as state:
+                state["status"] = STOPPED
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def watcher(tmp_path, monkeypatch):
+    journal = FakeJournal(STARTUP)
+    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
+    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9",
+                        guard=GuardConfig(probe_interval_s=60.0))
+    node, guard = FakeNode(journal), RecordingGuard(GuardStore(tmp_path), stop_after=1)
+    loop = daemon.Watcher(config, guard=guard, node=node)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    yield journal, node, guard, GuardStore(tmp_path)
+    loop.stopping.set()
+    thread.join(timeout=5)
+
+
+def test_a_serving_oom_after_a_stop_and_resume_is_not_filed_as_a_startup_failure(watcher):
+    journal, node, guard, store = watcher
+    # Drill 4: a start dies; the guard decides, finds the budget spent and stops.
+    opened = journal.opened
+    node.active = False
+    journal.write(*FAILED_START)
+    assert wait_until(lambda: len(guard.deaths) == 1 and store.load()["status"] == STOPPED)
+    assert wait_until(lambda: journal.opened > opened)  # it resynced after deciding
+    # The operator fixes it: a start that reaches ready, seen while the guard is stopped; resume.
+    journal.write(*STARTUP)
+    node.active = True
+    time.sleep(3 * daemon.TICK_S)
+    store.resume("drill")
+    time.sleep(3 * daemon.TICK_S)
+    journal.write(*SERVING_OOM)  # the seed's 32k prefill OOM, while serving
+    assert wait_until(lambda: len(guard.deaths) == 2), "the guard decided nothing about the OOM"
+    assert guard.deaths[1].cause in (oom.ACTIVATION_SPIKE, oom.FRAGMENTATION), guard.deaths[1]
+
+
+def test_deaths_are_not_decided_while_stopped(watcher):
+    journal, node, guard, store = watcher
+    with store.update() as state:
+        state["status"] = STOPPED
+    time.sleep(3 * daemon.TICK_S)
+    journal.write(*SERVING_OOM)
+    node.active = False
+    time.sleep(daemon.CLASSIFY_GRACE_S + 5 * daemon.TICK_S)
+    assert guard.deaths == []
