@@ -7,6 +7,7 @@ BENCH_SIM_DIR points the tests at another copy of the simulator (default: images
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.bench.client import BenchClient
-from opsctl.bench.runner import SweepObserver, SweepSettings, load_result, run_sweep
+from opsctl.bench.runner import SweepObserver, SweepSettings, load_result, run_concurrency, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("BENCH_SIM_DIR") or ROOT / "images" / "engine-sim")
@@ -106,6 +107,35 @@ def test_measured_rates_match_the_simulators_truth(sim_factory):
         assert p.prefill_tok_s == pytest.approx(p.prompt_tokens / p.ttft_s)
     # The fit sees the model's slope between these points (piecewise linear in the model).
     assert result.fit["ms_per_1k"] > 0 and result.fit["r2"] > 0.99
+
+
+def test_concurrent_streams_queue_their_prefills_and_decode_side_by_side(sim_factory):
+    # The simulator runs one prefill at a time (as SGLang's scheduler does with chunked prefill)
+    # and decodes every stream at its own context's step time.
+    sim = sim_factory(
+        ["--mem-fraction-static", "0.93", "--chunked-prefill-size", "4096", "--disable-cuda-graph"],
+        ACCURACY_TIME_FACTOR,
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
+    context, streams, gen = 8000, 4, 24
+    with BenchClient(sim.url) as client:
+        result = run_concurrency(client, context, streams, gen)
+    truth = _truth(context, gen, 4096, ACCURACY_TIME_FACTOR)
+    assert result.errors == [] and len(result.samples) == streams
+    assert {(s.prompt_tokens, s.cached_tokens, s.completion_tokens) for s in result.samples} == {(context, 0, gen)}
+    # The k-th stream's first token waits for k prefills: the first tokens come one prefill apart
+    # (a shared offset, the parsing of four 8k-token bodies at once, does not matter here).
+    ttfts = sorted(s.ttft_s for s in result.samples)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(ttfts)]
+    assert gaps == pytest.approx([truth["ttft_s"]] * (streams - 1), rel=0.1), ttfts
+    assert result.ttft_s_max == ttfts[-1]
+    for sample in result.samples:
+        assert sample.decode_tok_s == pytest.approx(truth["decode_tok_s"], rel=0.05)
+    # Aggregate: every completion token over the time until the last stream finished, which is the
+    # last first token plus one stream's decode.
+    last_decode = (gen - 1) / truth["decode_tok_s"]
+    assert result.wall_s == pytest.approx(ttfts[-1] + last_decode, rel=0.05)
+    assert result.output_tok_s == pytest.approx(streams * gen / result.wall_s)
 
 
 def test_nonce_defeats_the_radix_cache(sim_factory, monkeypatch):
