@@ -117,6 +117,28 @@ def floor_options(f):
     return f
 
 
+def output_options(f):
+    """Files and title for a sweep's results, shared by `run` and `report`."""
+    f = click.option(
+        "--label", default=None, help="Title for the table and plot (e.g. the node or the change under test)."
+    )(f)
+    f = click.option(
+        "--plot",
+        "plot_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Also write a PNG plot (needs matplotlib).",
+    )(f)
+    f = click.option(
+        "--csv",
+        "csv_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Also write a CSV, one row per point.",
+    )(f)
+    return f
+
+
 def _floor(gpu: str, bandwidth_tbs: float | None, kv_cell_bytes: int) -> dict:
     return floor_mod.make_floor(gpu, bandwidth_tbs, kv_cell_bytes).to_dict()
 
@@ -266,23 +288,7 @@ def bench() -> None:
     default=None,
     help="Continue the sweep in this results file from its first missing point.",
 )
-@click.option(
-    "--csv",
-    "csv_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write a CSV, one row per point.",
-)
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write a PNG plot (needs matplotlib).",
-)
-@click.option(
-    "--label", default=None, help="Title for the table and plot (e.g. the node or the change under test)."
-)
+@output_options
 @floor_options
 @click.option("--json", "json_", is_flag=True, help="Print the results document as JSON on stdout.")
 def run_cmd(
@@ -438,22 +444,8 @@ def _emit(
 
 @bench.command("report")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--csv",
-    "csv_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a CSV, one row per point.",
-)
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a PNG plot (needs matplotlib).",
-)
+@output_options
 @click.option("--markdown", is_flag=True, help="Print the table as Markdown (the seed's shape) instead.")
-@click.option("--label", default=None, help="Title for the table and plot.")
 @floor_options
 @click.option(
     "--floor-from-file/--floor-from-options",
