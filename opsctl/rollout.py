@@ -196,7 +196,8 @@ class Summary:
             "rolled_back": self.hosts("rolled_back"), "refused": self.hosts("refused"),
             "rollback_failed": self.hosts("rollback_failed"), "not_reached": self.hosts(NOT_REACHED),
             "overhead_s": {"median": statistics.median(overheads), "max": max(overheads)} if overheads else None,
-            "nodes": [{"host": node.host, "status": node.status, **node.result} for node in self.nodes],
+            # The summary's status wins over the record's ("done earlier" for a node a resumed run skipped).
+            "nodes": [{**node.result, "host": node.host, "status": node.status} for node in self.nodes],
         }
 
 

@@ -240,6 +240,18 @@ def test_crash_at_start_from_env(start_sim):
     assert "Received sigquit from a child process. It usually means the child failed." in out
 
 
+def test_gpu_mem_fault_shrinks_the_card_at_the_next_start(start_sim, tmp_path):
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"gpu_mem_gib": 47}))
+    env = {"SGLANG_SIM_FAULTS_FILE": str(faults)}
+    fits = start_sim(["--mem-fraction-static", "0.92", "--chunked-prefill-size", "2048"], env=env)
+    assert "Load weight begin. avail mem=45.83 GB" in fits.output()
+    too_big = start_sim(["--mem-fraction-static", "0.93", "--chunked-prefill-size", "2048"], env=env, ready=False)
+    assert too_big.wait_exit() != 0
+    assert "torch.OutOfMemoryError: CUDA out of memory." in too_big.output()
+    assert "GPU 0 has a total capacity of 47.00 GiB" in too_big.output()
+
+
 def test_api_key(start_sim):
     sim = start_sim([*FIXED, "--api-key", "sekrit"])
     assert "'api_key': '***'" in sim.output() and "sekrit" not in sim.output()

@@ -105,6 +105,9 @@ def test_resumed_run_counts_nodes_finished_earlier(tmp_path):
     summary = ro.summarize(run_dir)
     assert [n.status for n in summary.nodes] == [ro.DONE_EARLIER, "done"]
     assert summary.exit_code == ro.EXIT_DONE
+    as_json = summary.to_json()
+    assert [(n["host"], n["status"]) for n in as_json["nodes"]] == [("n1", ro.DONE_EARLIER), ("n2", "done")]
+    assert as_json["done"] == ["n1", "n2"]
 
 
 @pytest.fixture

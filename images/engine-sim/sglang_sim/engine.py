@@ -249,6 +249,8 @@ class Engine:
         slow = self.faults.get("slow_start_seconds") or 0.0
         if slow:
             await self.sleep(slow)
+        if self.faults.get("gpu_mem_gib"):
+            cfg.gpu = dataclasses.replace(cfg.gpu, total_gib=self.faults.get("gpu_mem_gib"))
 
         gpu = cfg.gpu
         tp = cfg.tp_size

@@ -2,7 +2,9 @@
 
 Keys: crash_at_start (bool), hang_health_generate (bool), hang_scheduler (bool),
 slow_start_seconds (number), crash_after_seconds (number),
-crash_kind ("illegal_memory_access" | "nccl" | "oom").
+crash_kind ("illegal_memory_access" | "nccl" | "oom"),
+gpu_mem_gib (number: the memory the card reports at the next start, in place of
+SGLANG_SIM_GPU_MEM_GIB; a node with a smaller card, or with its memory partly held elsewhere).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ KEYS = {
     "slow_start_seconds": float,
     "crash_after_seconds": float,
     "crash_kind": str,
+    "gpu_mem_gib": float,
 }
 CRASH_KINDS = ("illegal_memory_access", "nccl", "oom")
 

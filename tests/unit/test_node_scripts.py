@@ -1,0 +1,43 @@
+"""The shell helpers the sglang role installs on a node, run here as the unit would run them."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+WAIT_HEALTHY = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "sglang" / "files" / "sglang-wait-healthy"
+CLOSED_PORT_URL = "http://127.0.0.1:9/health"  # discard port: nothing answers
+
+
+def exited_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def wait_healthy(budget_s: int, mainpid: int | None, timeout: float):
+    env = {**os.environ}
+    env.pop("MAINPID", None)
+    if mainpid is not None:
+        env["MAINPID"] = str(mainpid)
+    return subprocess.run(["sh", str(WAIT_HEALTHY), CLOSED_PORT_URL, str(budget_s)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_gives_up_at_once_when_the_main_process_is_gone():
+    gone = exited_pid()
+    result = wait_healthy(600, gone, timeout=30)  # a 600 s budget: the timeout fails a wait
+    assert result.returncode == 1
+    assert re.search(rf"the engine's main process \({gone}\) exited after [01] s, before it was healthy; giving up",
+                     result.stderr), result.stderr
+
+
+def test_waits_out_the_budget_while_the_main_process_lives():
+    result = wait_healthy(2, os.getpid(), timeout=30)
+    assert result.returncode == 1
+    assert "not healthy after 2 s (last answer: 000); giving up" in result.stderr
+
+
+def test_without_mainpid_only_the_budget_applies():
+    result = wait_healthy(1, None, timeout=30)
+    assert result.returncode == 1 and "not healthy after" in result.stderr
