@@ -60,13 +60,18 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     cfg = va.CONFIGS[_arch_key(arch)]
     plan_const = dict(MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad,
                       SLOT_BLOCK=va.PLAN_SLOT_BLOCK)
-    split_const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                       IDX_AHEAD=cfg.idx_ahead)
+    if cfg.gluon:  # the Gluon split kernel (sm_90): same arguments, fewer constexprs
+        split_fn = importlib.import_module(".verify_gluon", __package__)._verify_split_kernel_gluon
+        split_const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    else:
+        split_fn = va._verify_split_kernel
+        split_const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                           IDX_AHEAD=cfg.idx_ahead)
     merge_const = dict(NUM_HEADS=heads, BLOCK_D=va.MERGE_BLOCK_D, SPLIT_CHUNK=va.MERGE_SPLIT_CHUNK,
                        WRITE_LSE=True)
     return [
         ("verify_plan", va._verify_plan_kernel, _PLAN_SIG, plan_const, dict(num_warps=4, num_stages=1)),
-        ("verify_split", va._verify_split_kernel, _SPLIT_SIG, split_const,
+        ("verify_split", split_fn, _SPLIT_SIG, split_const,
          dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)),
         ("verify_merge", va._verify_merge_kernel, _MERGE_SIG, merge_const,
          dict(num_warps=va.MERGE_NUM_WARPS, num_stages=1)),
@@ -78,7 +83,11 @@ def compile_one(fn, signature, constexprs, arch: int, options: dict):
     for k in constexprs:
         sig[k] = "constexpr"
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in signature if k in _DIV16}
-    src = ASTSource(fn=fn, signature=sig, constexprs=dict(constexprs), attrs=attrs)
+    src_cls = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+        src_cls = GluonASTSource
+    src = src_cls(fn=fn, signature=sig, constexprs=dict(constexprs), attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 

@@ -291,6 +291,7 @@ class VerifyConfig:
     min_chunk: int = 256  # fewest prefix tokens worth a program of their own
     idx_ahead: bool = False  # load the next tile's slot indices one iteration early
     waves: float = 1.0  # programs per SM the default split count aims at (2: two resident CTAs)
+    gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
 
     def smem_bytes(self) -> int:
         """Rough shared-memory need: Q tile once plus num_stages KV tiles (bf16)."""
@@ -300,8 +301,10 @@ class VerifyConfig:
 # Hopper (H100/H200, 227 KB shared memory per block): 64 rows x 512 fp32 accumulators need 8 warps.
 # sm_120 (RTX PRO 6000 / RTX 50xx, ~99 KB per block) and sm_80/89: a smaller tile that fits.
 CONFIGS = {
-    # measured best on the H200 among the candidates in bench_verify.py --sweep (RESULTS.md)
-    "sm90": VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, min_chunk=64, idx_ahead=True),
+    # measured best on the H200 (RESULTS.md, session 2): the Gluon split kernel, 64 rows x 64
+    # latents, 8 warps, two KV buffers. The best config of the Triton kernel below on sm_90,
+    # VerifyConfig(64, 64, 8, 2, 64, idx_ahead=True), is 1.35x slower at 128k (kept in the sweeps).
+    "sm90": VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=1, min_chunk=64, gluon=True),
     "sm120": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
@@ -488,16 +491,22 @@ def verify_attention(
             MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad, SLOT_BLOCK=PLAN_SLOT_BLOCK,
             num_warps=4, num_stages=1,
         )
-        _verify_split_kernel[grid](
-            q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, plan_buf,
-            part_o, part_lse,
-            sm_scale * LOG2E,
-            q.stride(0), q.stride(1), k_ext.stride(0), kv.stride(0), tree_mask.stride(0),
-            rows_max, ns, batch,
-            NUM_HEADS=h,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IDX_AHEAD=cfg.idx_ahead,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        split_args = (q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, plan_buf,
+                      part_o, part_lse,
+                      sm_scale * LOG2E,
+                      q.stride(0), q.stride(1), k_ext.stride(0), kv.stride(0), tree_mask.stride(0),
+                      rows_max, ns, batch)
+        if cfg.gluon:
+            from . import verify_gluon  # Hopper only; Triton's CPU interpreter does not run Gluon
+            verify_gluon._verify_split_kernel_gluon[grid](
+                *split_args, NUM_HEADS=h, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                num_warps=cfg.num_warps)
+        else:
+            _verify_split_kernel[grid](
+                *split_args, NUM_HEADS=h,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IDX_AHEAD=cfg.idx_ahead,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
     if "merge" in _phases:
         _verify_merge_kernel[(rows_max, D_NOPE // MERGE_BLOCK_D, batch)](

@@ -75,6 +75,22 @@ def test_int64_indices_and_no_lse():
     _check(case, out, None)
 
 
+def test_unused_pool_slots_hold_nan():
+    """Pool slots no request references may hold anything (a pool allocated with torch.empty,
+    stale slots): fill them, slot 0 included, with NaN. Slices end mid-tile (lengths not
+    multiples of 64), so the last tile of a slice has rows past its end."""
+    case = make_case([1000, 77, 30_001], [16, 5, 16], 8, mask="tree", pool_extra=4096)
+    kv, idx = case["kv_cache"], case["kv_indices"]
+    used = torch.zeros(kv.shape[0], dtype=torch.bool, device="cuda")
+    used[idx.long()] = True
+    free = int(torch.nonzero(~used)[0])
+    kv[free] = kv[0]  # move whatever uses slot 0 elsewhere, so slot 0 is unused
+    idx[idx == 0] = free
+    used[free], used[0] = True, False
+    kv[~used] = float("nan")
+    _check(case, *_run(case))
+
+
 @pytest.mark.parametrize("num_splits", [1, 3, 200])
 def test_split_counts(num_splits):
     case = make_case([40_000, 64], [16, 16], 8, mask="tree")
@@ -172,6 +188,7 @@ CANDIDATES = [
     va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # the sm_120 / sm_80 tiles
     va.VerifyConfig(32, 32, 4, 2, 64, True, 2.0), va.VerifyConfig(32, 16, 4, 3, 64, True, 2.0),
     va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
+    va.VerifyConfig(64, 64, 8, 1, 64, gluon=True),  # the Gluon split kernel (sm_90 only)
 ]
 
 
@@ -179,6 +196,8 @@ CANDIDATES = [
 def test_every_candidate_config(cfg):
     """Every config the benchmark may pick computes the same function (trees over t = 64 cross
     the 32-bit word boundary of the packed mask)."""
+    if cfg.gluon and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon split kernel is written for sm_90 (wgmma)")
     case = make_case([0, 40_000, 333, 64], [64, 33, 16, 1], 8, mask="tree")
     _check(case, *_run(case, config=cfg))
 

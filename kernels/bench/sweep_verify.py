@@ -1,0 +1,124 @@
+"""Config sweep for the split kernel: correctness against the float32 reference, then timing at
+long context, for every variant given, in one run on the GPU machine.
+
+    python kernels/bench/sweep_verify.py [--variants NAME,NAME...] [--points 131072:16,131072:64,...]
+
+Each variant is checked first (fresh random inputs, output poisoned with NaN; a variant that
+fails the check is reported and not timed), then timed with bench_verify.time_ours (median of
+do_bench on eager calls, and the same call captured in a CUDA graph and replayed).
+Writes $OUT/sweep_verify.json when OUT is set; prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_verify as bv  # noqa: E402  (puts the package and the tests folder on sys.path)
+from cases import SM_SCALE, make_case, rel_err  # noqa: E402
+
+va = bv.va
+V = va.VerifyConfig
+
+VARIANTS = {
+    # the Triton-language split kernel on sm_90: session 1's shipped config, then deeper pipelines
+    # with smaller tiles (session 2, run 1; all slower, RESULTS.md)
+    "n64s2": V(64, 64, 8, 2, 64, True),
+    "n32s3": V(64, 32, 8, 3, 64, True),
+    "n32s4": V(64, 32, 8, 4, 64, True),
+    "n32s4-noidx": V(64, 32, 8, 4, 64, False),
+    "n16s4": V(64, 16, 8, 4, 64, True),
+    "n16s6": V(64, 16, 8, 6, 64, True),
+    # the Gluon split kernel (verify_gluon.py), shipped for sm_90
+    "gluon-n64": V(64, 64, 8, 1, 64, False, gluon=True),
+}
+# Variants measured in session 2 and then removed from the code because they lost (RESULTS.md,
+# history 4d, 6a, 6b; their logs are in bench/results/h200_2026-11-29_s2_sweep*.log): "sp-*" (P
+# shared through a global scratch in the Triton kernel), "gluon-n64-lazy" (lazy softmax
+# rescaling) and "gluon-n64-chain" (S of the next tile issued behind P.V). "gluon-n64" is now
+# version 6c; the sweep logs before _sweep5 ran version 5 (_sweep2) or 6.
+
+
+def check(cfg):
+    """Largest output relative error and largest lse error over a few problems that exercise
+    masks, slices and row blocks (the GPU tests' bounds: 1e-2 and 2e-3)."""
+    worst, worst_lse = 0.0, 0.0
+    for lens, ts, h, mask in (([0, 40_000, 333, 64], [64, 33, 16, 1], 8, "tree"),
+                              ([131_072], [16], 8, "chain"),
+                              ([33_000, 5], [16, 3], 16, "tree")):
+        case = make_case(lens, ts, h, mask=mask)
+        n = case["q"].shape[0]
+        out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((n, h), float("nan"), dtype=torch.float32, device="cuda")
+        va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
+                            case["kv_indptr"], case["qo_indptr"], case["tree_mask"], SM_SCALE,
+                            out=out, lse=lse, max_q_len=case["max_q_len"], config=cfg)
+        ref_o, ref_lse = va.reference_verify_attention(
+            case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
+            case["qo_indptr"], case["blocks"], SM_SCALE)
+        if torch.isnan(out).any() or torch.isnan(lse).any():
+            return float("nan"), float("nan")
+        worst = max(worst, rel_err(out, ref_o))
+        worst_lse = max(worst_lse, float((lse - ref_lse).abs().max()))
+    return worst, worst_lse
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--points", default="131072:16,131072:64,32768:16")
+    a = ap.parse_args()
+    names = a.variants.split(",")
+    points = [tuple(int(x) for x in p.split(":")) for p in a.points.split(",")]
+    torch.manual_seed(0)
+    bw, mm = bv.ceilings()
+    head = dict(device=torch.cuda.get_device_name(), copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12,
+                triton=bv.triton.__version__, torch=torch.__version__)
+    print(json.dumps(head), flush=True)
+    rows = []
+    for name in names:
+        cfg = VARIANTS[name]
+        t0 = time.time()
+        try:
+            err, err_lse = check(cfg)
+        except Exception as e:  # does not compile or does not fit: report and go on
+            print(f"{name}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+            rows.append(dict(name=name, cfg=str(cfg), error=f"{type(e).__name__}: {str(e)[:300]}"))
+            continue
+        r = dict(name=name, cfg=str(cfg), err=err, err_lse=err_lse, times={})
+        ok = err < 1e-2 and err_lse < 2e-3  # False for NaN too
+        print(f"{name}: check {'ok' if ok else 'FAILED'} (rel err {err:.2e}, lse err {err_lse:.1e}, "
+              f"{time.time() - t0:.0f} s)", flush=True)
+        if ok:
+            for L, t in points:
+                ms, ms_g, ns = bv.time_ours([L], t, 8, cfg, sets=1)
+                byt, fl = bv.work([L], t, 8)
+                floor = max(byt / bw, fl / mm) * 1e6
+                r["times"][f"{L}:{t}"] = dict(us=ms * 1e3, us_graph=ms_g * 1e3, splits=ns, floor_us=floor)
+                print(f"  L={L} t={t}: {ms * 1e3:.1f} us (graph {ms_g * 1e3:.1f}), floor {floor:.1f} us, "
+                      f"{100 * floor / (ms * 1e3):.1f}% of floor", flush=True)
+        rows.append(r)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "sweep_verify.json"), "w") as f:
+            json.dump(dict(head=head, rows=rows), f, indent=1)
+    print(f"\n{head}")
+    cols = [f"{L}:{t}" for L, t in points]
+    print("| variant | rel err | " + " | ".join(f"L={c.split(':')[0]} t={c.split(':')[1]} us (graph)" for c in cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['name']} | {r['error'][:60]} |" + " |" * len(cols))
+            continue
+        cells = [f"{r['times'][c]['us']:.1f} ({r['times'][c]['us_graph']:.1f})" if c in r["times"] else "-" for c in cols]
+        print(f"| {r['name']} | {r['err']:.2e} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Hopper (sm_90) split kernel of verify attention, written in Triton's Gluon dialect.
+
+Same contract as ``verify_attention._verify_split_kernel`` (same arguments, plan, partial
+outputs), so the plan and merge kernels are shared. What Gluon allows here and the Triton kernel
+cannot get from the compiler (see RESULTS.md, session 2):
+
+  * S = Q.K^T is computed once per tile, split by columns over the two warpgroups
+    (warps [4, 2]: each warpgroup computes 64 x BLOCK_N/2 of S), instead of the whole S in
+    each warpgroup (Triton lays a chained dot out over [8, 1] warps, which duplicates a 64-row S);
+  * P goes to shared memory once and both warpgroups read it as the A operand of P.V, each for
+    its half of the 512 output columns;
+  * the gather of tile j + 1 (cp.async, 16 bytes per thread and copy) is issued at the top of
+    iteration j, right after the barrier that frees its buffer, so it overlaps the whole of
+    S_j, the softmax and P_j.V_j (Triton's pipeliner issues it after S_j and the softmax).
+
+Shared memory (BLOCK_N = 64): Q 72 KB + 2 x K 72 KB + P 8 KB = 224 KB of the 227 KB per block.
+This module is imported only on sm_90 devices and by the AOT build (not by Triton's CPU
+interpreter, which does not run Gluon).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+
+@gluon.jit
+def _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr, ROW_G: gl.constexpr):
+    """Pool slots of latent rows n0 .. n0 + BLOCK_N of a prefix slice (rows past hi take the
+    slot of row hi - 1; 0 for draft programs). Loaded one tile ahead of the gather that uses
+    them, so their latency is hidden."""
+    r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), hi - 1)
+    return gl.load(idx_ptr + r, mask=(r >= 0) & (not is_draft), other=0)
+
+
+@gluon.jit
+def _issue_tile(kn_buf, kp_buf, slots, k_base, k_stride, qo_start, n0, hi, is_draft,
+                BLOCK_N: gl.constexpr, GL: gl.constexpr):
+    """cp.async gather of latent rows n0 .. n0 + BLOCK_N: one row per thread (16 x 16 bytes of
+    the 512 nope values + 2 x 16 bytes of the rope part, at fixed offsets from one address).
+    Rows past hi read row hi - 1 again (cp.async has no zero fill here): their scores are masked
+    to -inf, so P is 0 there, and the data is a latent of this request, finite whenever the
+    result is (never an unused pool slot, which may hold anything)."""
+    r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, GL)), hi - 1)
+    row = gl.where(is_draft, qo_start + r, slots).to(gl.int64)
+    rp = k_base + row * k_stride
+    cp.async_copy_global_to_shared(kn_buf, rp[:, None] + gl.arange(0, 512, layout=gl.SliceLayout(0, GL))[None, :])
+    cp.async_copy_global_to_shared(kp_buf, rp[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, GL))[None, :])
+
+
+@gluon.jit
+def _verify_split_kernel_gluon(
+    Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
+    PART_O, PART_LSE,
+    qk_scale,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    rows_max, NUM_SPLITS, BATCH,
+    NUM_HEADS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):
+    gl.static_assert(BLOCK_M == 64)
+    gl.static_assert(gl.num_warps() == 8)
+    # S (BLOCK_M x BLOCK_N) over [4, 2] warps: warpgroup w computes columns w * BLOCK_N / 2 ...
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, BLOCK_N // 2, 16])
+    # O (BLOCK_M x 512) over [4, 2] warps: warpgroup w owns output columns 256 w .. 256 w + 255
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, 256, 16])
+    KN_BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 2], [1, 0])  # Q (rows, 512) load
+    KP_BL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # Q (rows, 64) load
+    # latent gathers: a warp covers 16 rows x 32 bytes (whole sectors), a thread one row
+    GL: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 2], [1, 0])
+    ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    is_draft = pid_s >= NUM_SPLITS + BATCH
+    if is_draft:
+        b = pid_s - (NUM_SPLITS + BATCH)
+        lo = 0
+        hi = 0
+    else:
+        b = gl.load(PLAN + pid_s * 4)
+        lo = gl.load(PLAN + pid_s * 4 + 1)
+        hi = gl.load(PLAN + pid_s * 4 + 2)
+    if b >= BATCH:
+        return
+    qo_start = gl.load(QO_INDPTR + b)
+    t_b = gl.load(QO_INDPTR + b + 1) - qo_start
+    n_rows = t_b * NUM_HEADS
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    kv_start = gl.load(KV_INDPTR + b)
+    if is_draft:
+        lo = 0
+        hi = t_b
+        k_base = K_EXT
+        k_stride = stride_kext
+    else:
+        k_base = KV
+        k_stride = stride_kv
+    idx_ptr = KV_INDICES + kv_start
+
+    # -- Q (all 576 values of BLOCK_M rows) into shared memory, once --
+    rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, KN_BL))
+    q_row = Q + (qo_start + rq // NUM_HEADS).to(gl.int64) * stride_qt + (rq % NUM_HEADS) * stride_qh
+    q_nope = gl.load(q_row[:, None] + gl.arange(0, 512, layout=gl.SliceLayout(0, KN_BL))[None, :],
+                     mask=(rq < n_rows)[:, None], other=0.0)
+    rqp = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, KP_BL))
+    qp_row = Q + (qo_start + rqp // NUM_HEADS).to(gl.int64) * stride_qt + (rqp % NUM_HEADS) * stride_qh
+    q_pe = gl.load(qp_row[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, KP_BL))[None, :],
+                   mask=(rqp < n_rows)[:, None], other=0.0)
+    qn_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 512], SH, q_nope)
+    qp_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH, q_pe)
+    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 512], SH)
+    kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], SH)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], SH)
+
+    # rows of S / O and the tree-mask rows (draft programs only)
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    row_ok = offs_m < n_rows
+    mask_row = TREE_MASK + (qo_start + offs_m // NUM_HEADS).to(gl.int64) * stride_mask
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
+    acc = gl.zeros([BLOCK_M, 512], gl.float32, layout=O_L)
+
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    if n_tiles > 0:
+        slots0 = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
+        _issue_tile(kn_smem.index(0), kp_smem.index(0), slots0, k_base, k_stride, qo_start, lo, hi,
+                    is_draft, BLOCK_N, GL)
+    cp.commit_group()
+    slots_nx = _tile_slots(idx_ptr, lo + BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
+    for j in range(0, n_tiles):
+        buf = j % 2
+        n0 = lo + j * BLOCK_N
+        slots = slots_nx  # of tile j + 1, loaded one iteration ago
+        slots_nx = _tile_slots(idx_ptr, n0 + 2 * BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
+        # tile j is in; every warp is past iteration j - 1, so buffer 1 - buf and P are free
+        cp.wait_group(0)
+        gl.thread_barrier()
+        fence_async_shared()
+        if j + 1 < n_tiles:
+            _issue_tile(kn_smem.index(1 - buf), kp_smem.index(1 - buf), slots, k_base, k_stride,
+                        qo_start, n0 + BLOCK_N, hi, is_draft, BLOCK_N, GL)
+        cp.commit_group()
+        kn = kn_smem.index(buf)
+        s = warpgroup_mma(qn_smem, kn.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L),
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma(qp_smem, kp_smem.index(buf).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s])
+        # visibility: the prefix is always visible (only the end of the slice is masked); a draft
+        # tile reads the packed tree mask (a tile starts at a multiple of BLOCK_N, so it spans one
+        # 32-bit word per row, two when BLOCK_N = 64)
+        cols = n0 + gl.arange(0, BLOCK_N, layout=COL_S)
+        if is_draft:
+            w0 = gl.load(mask_row + (n0 >> 5), mask=row_ok, other=0)
+            if BLOCK_N > 32:
+                w1 = gl.load(mask_row + (n0 >> 5) + 1, mask=row_ok & (n0 + 32 < hi), other=0)
+                word = gl.where(((cols >> 5) & 1)[None, :] == 0, w0[:, None], w1[:, None])
+            else:
+                word = w0[:, None]
+            visible = (((word >> (cols & 31)[None, :]) & 1) != 0) & (cols < hi)[None, :]
+            s = gl.where(visible, s * qk_scale, float("-inf"))
+        else:
+            s = gl.where((cols < hi)[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        # a row with nothing visible so far keeps m = -inf; subtract 0 then so no NaN appears
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_sub)
+        p = gl.exp2(s - m_sub[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+    cp.wait_group(0)
+
+    # -- partial result: normalised output and log2-sum-exp2 of this slice --
+    has = l_i > 0.0
+    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    o = acc / gl.convert_layout(gl.where(has, l_i, 1.0), ROW_O)[:, None]
+    offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
+    part_o = pid_s.to(gl.int64) * rows_max + offs_mo
+    gl.store(PART_O + part_o[:, None] * 512 + gl.arange(0, 512, layout=gl.SliceLayout(0, O_L))[None, :], o,
+             mask=(offs_mo < n_rows)[:, None])
+    gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=row_ok)
