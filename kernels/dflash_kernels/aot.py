@@ -1,6 +1,7 @@
 """Ahead-of-time build of the verify-attention kernels, on a machine with no GPU.
 
     python -m dflash_kernels.aot --arch 120 --arch 90 --out DIR [--heads 8] [--batch-pad 8]
+                                 [--triton-cache CACHE --check]
 
 For every arch it runs ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` on
 the split and merge kernels for each head count (DIR/sm_<arch>/verify_split_h<heads>.cubin, ...)
@@ -19,8 +20,10 @@ import os
 import sys
 
 import triton
+from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.cache import triton_key
 
 # the package re-exports the function verify_attention, which hides the module of that name
 va = importlib.import_module(".verify_attention", __package__)
@@ -50,6 +53,11 @@ _DIV16 = {"Q", "K_EXT", "KV", "KV_INDICES", "KV_INDPTR", "QO_INDPTR", "TREE_MASK
           "stride_ot", "stride_oh"}
 
 
+# The plan kernel's batch buckets: the launcher pads the batch to the next power of two (>= 2);
+# SGLang's DFlash runs at most 48 requests.
+BS_PADS = (2, 4, 8, 16, 32, 64, 128)
+
+
 def _arch_key(arch: int) -> str:
     return "sm90" if arch == 90 else ("sm120" if arch >= 120 else "sm80")
 
@@ -67,14 +75,16 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
         split_fn = va._verify_split_kernel
         split_const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                            IDX_AHEAD=cfg.idx_ahead)
-    merge_const = dict(NUM_HEADS=heads, BLOCK_D=va.MERGE_BLOCK_D, SPLIT_CHUNK=va.MERGE_SPLIT_CHUNK,
-                       WRITE_LSE=True)
+    merge_const = dict(NUM_HEADS=heads, BLOCK_D=va.MERGE_BLOCK_D, SPLIT_CHUNK=va.MERGE_SPLIT_CHUNK)
+    merge_opts = dict(num_warps=va.MERGE_NUM_WARPS, num_stages=1)
     return [
         ("verify_plan", va._verify_plan_kernel, _PLAN_SIG, plan_const, dict(num_warps=4, num_stages=1)),
         ("verify_split", split_fn, _SPLIT_SIG, split_const,
          dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)),
-        ("verify_merge", va._verify_merge_kernel, _MERGE_SIG, merge_const,
-         dict(num_warps=va.MERGE_NUM_WARPS, num_stages=1)),
+        # with and without the LSE output (SGLang's verify call asks for none)
+        ("verify_merge", va._verify_merge_kernel, _MERGE_SIG, {**merge_const, "WRITE_LSE": True}, merge_opts),
+        ("verify_merge_nolse", va._verify_merge_kernel, _MERGE_SIG, {**merge_const, "WRITE_LSE": False},
+         merge_opts),
     ]
 
 
@@ -91,10 +101,21 @@ def compile_one(fn, signature, constexprs, arch: int, options: dict):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def build(archs, out_dir: str, heads=(8, 16), bs_pads=(2, 8, 32, 128)) -> dict:
-    """Compile every kernel for every arch and head count into out_dir; return the manifest."""
+def build(archs, out_dir: str, heads=(8, 16), bs_pads=BS_PADS, triton_cache: str | None = None) -> dict:
+    """Compile every kernel for every arch and head count into out_dir; return the manifest.
+
+    With ``triton_cache`` the compiled kernels also land in that Triton cache folder, under the
+    keys Triton's JIT computes for the launcher's calls: point TRITON_CACHE_DIR at it (the image
+    does) and the first verify call loads these binaries instead of compiling (``prebuilt.py``
+    checks that the keys match).
+    """
+    if triton_cache:
+        knobs.cache.dir = triton_cache
     os.makedirs(out_dir, exist_ok=True)
-    manifest = {"triton_version": triton.__version__, "archs": list(archs), "kernels": []}
+    # triton_key: what Triton's cache keys start with (its version, sources and compiled library,
+    # which differs per Python build): a runtime whose key differs compiles instead of loading.
+    manifest = {"triton_version": triton.__version__, "triton_key": triton_key(),
+                "python": sys.version.split()[0], "archs": list(archs), "kernels": []}
     for arch in archs:
         sub = os.path.join(out_dir, f"sm_{arch}")
         os.makedirs(sub, exist_ok=True)
@@ -129,11 +150,25 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, action="append", required=True, help="e.g. 120 or 90")
     ap.add_argument("--out", required=True)
     ap.add_argument("--heads", type=int, action="append", help="query heads per rank (default 8, 16)")
-    ap.add_argument("--batch-pad", type=int, action="append", help="batch buckets (default 2 8 32 128)")
+    ap.add_argument("--batch-pad", type=int, action="append", help="batch buckets (default 2 4 ... 128)")
+    ap.add_argument("--triton-cache", help="also fill this Triton cache folder (TRITON_CACHE_DIR at run time)")
+    ap.add_argument("--check", action="store_true",
+                    help="then run the launcher's calls compile-only and fail unless every one finds its binary")
     a = ap.parse_args(argv)
-    m = build(a.arch, a.out, tuple(a.heads or (8, 16)), tuple(a.batch_pad or (2, 8, 32, 128)))
+    heads = tuple(a.heads or (8, 16))
+    m = build(a.arch, a.out, heads, tuple(a.batch_pad or BS_PADS), a.triton_cache)
     for k in m["kernels"]:
         print(f"{k['cubin']:44s} shared {k['shared_bytes']:6d} B")
+    if a.check:
+        if not a.triton_cache:
+            ap.error("--check needs --triton-cache")
+        from . import prebuilt
+        misses = [miss for arch in a.arch for miss in prebuilt.cache_misses(arch, heads)]
+        for miss in misses:
+            print(f"MISS: {miss}", file=sys.stderr)
+        if misses:
+            return 1
+        print(f"every launcher call finds its prebuilt binary in {a.triton_cache}")
     return 0
 
 

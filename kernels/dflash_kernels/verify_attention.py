@@ -53,6 +53,10 @@ D_LATENT = 576  # kv_lora_rank 512 + qk_rope_head_dim 64
 D_NOPE = 512  # V = first 512 latent values
 D_ROPE = 64
 LOG2E = 1.4426950408889634  # 1/ln(2)
+# Integer arguments whose values vary between calls (batch, splits, rows, mask width). The JIT
+# must not specialise on them (a value of 1, a multiple of 16): then one compiled binary serves
+# every call, and it is the one the image's ahead-of-time build put in Triton's cache (aot.py).
+SPLIT_RUNTIME_INTS = ["stride_mask", "rows_max", "NUM_SPLITS", "BATCH"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -79,7 +83,7 @@ def _online_softmax_step(q_nope, q_pe, kn, kp, visible, m_i, l_i, acc, qk_scale)
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["BATCH", "NUM_SPLITS"])
 def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.constexpr,
                         BLOCK_N: tl.constexpr, BS_PAD: tl.constexpr, SLOT_BLOCK: tl.constexpr):
     """One program. Cuts the batch's prefixes into about NUM_SPLITS equal slices, balanced over
@@ -116,7 +120,7 @@ def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.conste
         tl.store(PLAN + p * 4 + 2, hi, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
 def _verify_split_kernel(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
     PART_O, PART_LSE,
@@ -216,7 +220,7 @@ def _verify_split_kernel(
     tl.store(PART_LSE + part, lse2, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_lt", "stride_lh", "rows_max", "NUM_SPLITS", "BATCH"])
 def _verify_merge_kernel(
     PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE,
     stride_ot, stride_oh, stride_lt, stride_lh,
@@ -326,6 +330,9 @@ _DEVICE_CACHE: dict = {}
 # Triton's CPU interpreter (TRITON_INTERPRET=1) runs these kernels on CPU tensors: the CPU tests
 # use it to check the kernels' logic on a machine with no GPU.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# CPU tensors are accepted under the interpreter, and by prebuilt.compile_only (which compiles
+# the launcher's kernels for a GPU target without running them).
+_CPU_TENSORS_OK = _INTERPRET
 
 
 def _device_info(device: torch.device):
@@ -436,7 +443,7 @@ def verify_attention(
         raise TypeError(f"q: expected bfloat16, got {q.dtype}")
     if q.stride(2) != 1:
         raise ValueError("q: the last dimension must be contiguous")
-    if not q.is_cuda and not _INTERPRET:
+    if not q.is_cuda and not _CPU_TENSORS_OK:
         raise ValueError("q: expected a CUDA tensor")
     n_tok, h, _ = q.shape
     k_ext = _latent_2d(k_extend, "k_extend")
@@ -500,7 +507,7 @@ def verify_attention(
             from . import verify_gluon  # Hopper only; Triton's CPU interpreter does not run Gluon
             verify_gluon._verify_split_kernel_gluon[grid](
                 *split_args, NUM_HEADS=h, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                num_warps=cfg.num_warps)
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # (stages: part of the cache key only)
         else:
             _verify_split_kernel[grid](
                 *split_args, NUM_HEADS=h,

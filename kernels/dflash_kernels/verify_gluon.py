@@ -24,6 +24,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from .verify_attention import SPLIT_RUNTIME_INTS
+
 
 @gluon.jit
 def _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr, ROW_G: gl.constexpr):
@@ -49,7 +51,7 @@ def _issue_tile(kn_buf, kp_buf, slots, k_base, k_stride, qo_start, n0, hi, is_dr
     cp.async_copy_global_to_shared(kp_buf, rp[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, GL))[None, :])
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
 def _verify_split_kernel_gluon(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
     PART_O, PART_LSE,

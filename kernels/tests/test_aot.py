@@ -46,7 +46,7 @@ def test_manifest(built):
 def test_sm120_cubin_is_sm120_mma_sync_only(built):
     out, manifest = built
     cubins = sorted(glob.glob(os.path.join(out, "sm_120", "*.cubin")))
-    assert len(cubins) == 3
+    assert len(cubins) == 4  # plan, split, merge with and without LSE
     for c in cubins:
         sass = _sass(c)
         assert re.search(r"code for sm_120a?\b", sass), f"{c}: not sm_120 code"
@@ -75,4 +75,30 @@ def test_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     with open(tmp_path / "manifest.json") as f:
         m = json.load(f)
-    assert {k["name"] for k in m["kernels"]} == {"verify_plan", "verify_split", "verify_merge"}
+    assert {k["name"] for k in m["kernels"]} == {"verify_plan", "verify_split", "verify_merge", "verify_merge_nolse"}
+
+
+def _aot_check(tmp_path, *args):
+    """`aot --triton-cache --check` in a clean process (no TRITON_INTERPRET: the JIT's own path)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-m", "dflash_kernels.aot", "--out", str(tmp_path / "out"),
+                           "--triton-cache", str(tmp_path / "cache"), "--check", *args],
+                          capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
+    """The image fills a Triton cache with the AOT build and points TRITON_CACHE_DIR at it: the
+    launcher's calls (SGLang's argument types, batches 1 to 48, t = 16 and 64, with and without
+    LSE) must find every kernel there, on sm_120 (Triton kernel) and sm_90 (Gluon split kernel),
+    instead of compiling at first use."""
+    r = _aot_check(tmp_path, "--arch", "120", "--arch", "90", "--heads", "8")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "every launcher call finds its prebuilt binary" in r.stdout
+
+
+def test_the_check_reports_a_missing_binary(tmp_path):
+    """Batch 3 pads to a plan bucket of 4, which this build leaves out: the check says so."""
+    r = _aot_check(tmp_path, "--arch", "120", "--heads", "8", "--batch-pad", "2", "--batch-pad", "8",
+                   "--batch-pad", "64")
+    assert r.returncode == 1
+    assert "MISS: sm_120 _verify_plan_kernel (h=8, batch=3, t=16, lse=False)" in r.stderr

@@ -56,7 +56,7 @@ def test_workspace_shapes():
 
 @pytest.fixture
 def args(monkeypatch):
-    monkeypatch.setattr(va, "_INTERPRET", True)  # lets CPU tensors reach the checks
+    monkeypatch.setattr(va, "_CPU_TENSORS_OK", True)  # lets CPU tensors reach the checks
     case = make_case([10, 3], [4, 2], 8, device="cpu")
     return [case[k] for k in ("q", "k_extend", "kv_cache", "kv_indices", "kv_indptr", "qo_indptr", "tree_mask")]
 

@@ -9,8 +9,10 @@ since the lab base has no CUDA; on a GPU node the base is SGLang's own CUDA imag
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,7 +48,7 @@ def _build(context: Path, tag: str, *args: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-def test_kernel_stage_compiles_sm120_and_sm90(context):
+def test_kernel_stage_compiles_sm120_and_sm90(context, tmp_path):
     tag = "dflash/sglang-kernel-build:test"
     _build(context, tag, "--target", "kernel-build", "--build-arg", f"BUILD_IMAGE={BUILD_BASE}",
            "--build-arg", f"TRITON_SPEC={TRITON_SPEC}")
@@ -63,6 +65,19 @@ def test_kernel_stage_compiles_sm120_and_sm90(context):
         capture_output=True, text=True, check=True).stdout
     assert "sm_120" in sass
     assert "HMMA" in sass and "HGMMA" not in sass
+    # The stage also fills a Triton cache (the runtime's TRITON_CACHE_DIR). Its entries are named
+    # by Triton's cache keys: the same names as a build here, whose keys the kernels' CPU tests
+    # match against the launcher's own JIT calls (kernels/tests/test_aot.py), so the image's
+    # binaries are the ones that run, with no compile at first use.
+    in_image = subprocess.run(["docker", "run", "--rm", tag, "ls", "/out/triton-cache"],
+                              capture_output=True, text=True, check=True).stdout.split()
+    here = tmp_path / "triton-cache"
+    build_here = subprocess.run(
+        [sys.executable, "-m", "dflash_kernels.aot", "--arch", "120", "--arch", "90", "--out", str(tmp_path / "aot"),
+         "--triton-cache", str(here)],
+        capture_output=True, text=True, check=False, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert build_here.returncode == 0, build_here.stderr[-2000:]
+    assert in_image and sorted(in_image) == sorted(os.listdir(here))
 
 
 @pytest.mark.image
@@ -85,3 +100,7 @@ def test_full_image_builds_with_sglang_and_the_kernels(context, tmp_path):
                            capture_output=True, text=True, check=True).stdout
     assert "Version: 0.5.23" in check
     assert "sm_120" in check and "sm_90" in check
+    cache = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", tag, "-c",
+                            "echo $TRITON_CACHE_DIR; ls $TRITON_CACHE_DIR | wc -l"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert cache[0] == "/opt/dflash/triton-cache" and int(cache[1]) > 0

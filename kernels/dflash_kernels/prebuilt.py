@@ -1,0 +1,158 @@
+"""Does the launcher find the image's prebuilt binaries, or would Triton's JIT compile again?
+
+The image's build stage compiles the kernels ahead of time (``aot.py --triton-cache``) into a
+Triton cache folder, and the runtime points TRITON_CACHE_DIR at it. Triton's JIT then looks a
+launch up under a key made of the kernel source, the argument types and specialisations, the
+options and the target; a launch whose key differs from every prebuilt one compiles at first use
+(seconds, inside the server's start) and writes a new entry. This module runs the real launcher
+(``verify_attention``) on CPU tensors with a compile-only stand-in for Triton's CUDA driver: it
+reports the target's architecture, "launches" nothing, and Triton's compilation listener says for
+every kernel whether it came from the cache.
+
+    python -m dflash_kernels.aot --arch 120 --out DIR --triton-cache CACHE --check
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+
+import torch
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import compiler as triton_compiler
+from triton.runtime.driver import driver
+
+va = importlib.import_module(".verify_attention", __package__)
+
+# Shared memory per block (bytes) and threads per block the stand-in reports, by architecture.
+_MAX_SHARED = {90: 232448, 120: 101376}
+# The launches SGLang's verify makes: batch sizes whose plan buckets differ, with and without LSE.
+CHECK_BATCHES = (1, 3, 8, 48)
+
+
+class _CompileOnlyUtils:
+    def __init__(self, arch: int):
+        self.arch = arch
+
+    def get_device_properties(self, device):
+        return {"max_shared_mem": _MAX_SHARED.get(self.arch, 101376), "multiprocessor_count": 1}
+
+    def load_binary(self, name, kernel, shared, device):
+        return None, None, 0, 0, 1024  # module, function, registers, spills, max threads
+
+
+class CompileOnlyDriver:
+    """Triton's view of a GPU of `arch` whose kernel launches do nothing."""
+
+    def __init__(self, arch: int):
+        self.target = GPUTarget("cuda", arch, 32)
+        self.utils = _CompileOnlyUtils(arch)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def launcher_cls(self, src, metadata):
+        return lambda *args, **kwargs: None
+
+
+def _jit_kernels(arch: int) -> list:
+    kernels = [va._verify_plan_kernel, va._verify_split_kernel, va._verify_merge_kernel]
+    if arch == 90:
+        kernels.append(importlib.import_module(".verify_gluon", __package__)._verify_split_kernel_gluon)
+    return kernels
+
+
+@contextlib.contextmanager
+def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
+    """Within: Triton compiles for `arch` and launches nothing; yields the (kernel, cache hit) list."""
+    events: list[tuple[str, bool]] = []
+    previous_listener, previous_cpu = knobs.compilation.listener, va._CPU_TENSORS_OK
+    # The driver in force, or None when none was made yet (reset_active would make the default
+    # one, which fails on a machine with no GPU).
+    previous_driver = driver._active
+    kernels = _jit_kernels(arch)
+    for kernel in kernels:
+        kernel.device_caches.clear()  # the JIT keeps the target and its kernels per device index
+    triton_compiler.max_shared_mem.cache_clear()  # cached per device index too
+    knobs.compilation.listener = lambda **kw: events.append((kw["src"].name, bool(kw["cache_hit"])))
+    driver.set_active(CompileOnlyDriver(arch))
+    va._CPU_TENSORS_OK = True
+    try:
+        yield events
+    finally:
+        driver.set_active(previous_driver)
+        knobs.compilation.listener = previous_listener
+        va._CPU_TENSORS_OK = previous_cpu
+        for kernel in kernels:
+            kernel.device_caches.clear()
+        triton_compiler.max_shared_mem.cache_clear()
+
+
+def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, with_lse: bool,
+                       device: str = "cpu") -> None:
+    """One verify call with SGLang's argument types (int32 indices, bf16 latents)."""
+    cfg = va.CONFIGS["sm90" if arch == 90 else ("sm120" if arch >= 120 else "sm80")]
+    n_tok = batch * draft_tokens
+    q = torch.zeros(n_tok, heads, va.D_LATENT, dtype=torch.bfloat16, device=device)
+    pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device)
+    indptr = torch.arange(0, batch + 1, dtype=torch.int32, device=device)
+    qo_indptr = torch.arange(0, n_tok + 1, draft_tokens, dtype=torch.int32, device=device)
+    mask = torch.zeros(n_tok, (draft_tokens + 31) // 32, dtype=torch.int32, device=device)
+    lse = torch.zeros(n_tok, heads, dtype=torch.float32, device=device) if with_lse else None
+    va.verify_attention(q, torch.zeros(n_tok, va.D_LATENT, dtype=torch.bfloat16, device=device), pool,
+                        torch.zeros(batch, dtype=torch.int32, device=device), indptr, qo_indptr, mask, 0.07,
+                        lse=lse, max_q_len=draft_tokens, num_splits=132, config=cfg)
+
+
+def check_cases(heads=(8, 16), batches=CHECK_BATCHES, draft_tokens=(16, 64)):
+    return [(h, b, t, lse) for h in heads for b in batches for t in draft_tokens for lse in (False, True)]
+
+
+def cache_misses(arch: int, heads=(8, 16)) -> list[str]:
+    """The launcher's kernels that Triton would compile for `arch` (empty: all prebuilt)."""
+    misses = []
+    for h, batch, t, with_lse in check_cases(heads):
+        with compile_only(arch) as events:
+            launch_like_sglang(arch, h, batch, t, with_lse)
+        misses += [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse})"
+                   for name, hit in events if not hit]
+    return misses
+
+
+def gpu_cache_misses(heads=(8, 16)) -> tuple[int, list[str]]:
+    """The same launches on this machine's GPU with the real driver (TRITON_CACHE_DIR set to a
+    prebuilt cache): (kernels loaded, the ones Triton compiled instead)."""
+    major, minor = torch.cuda.get_device_capability()
+    arch = major * 10 + minor
+    events: list[tuple[str, bool]] = []
+    previous = knobs.compilation.listener
+    knobs.compilation.listener = lambda **kw: events.append((kw["src"].name, bool(kw["cache_hit"])))
+    misses = []
+    try:
+        for h, batch, t, with_lse in check_cases(heads):
+            start = len(events)
+            launch_like_sglang(arch, h, batch, t, with_lse, device="cuda")
+            misses += [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse})"
+                       for name, hit in events[start:] if not hit]
+        torch.cuda.synchronize()
+    finally:
+        knobs.compilation.listener = previous
+    return len(events), misses
+
+
+if __name__ == "__main__":  # on a GPU machine: TRITON_CACHE_DIR=CACHE python -m dflash_kernels.prebuilt
+    loaded, missed = gpu_cache_misses()
+    print(f"{loaded} kernel loads, {len(missed)} compiled instead of loaded from the prebuilt cache")
+    for miss in missed:
+        print("MISS:", miss)
+    raise SystemExit(1 if missed or not loaded else 0)
