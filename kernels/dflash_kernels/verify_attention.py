@@ -38,6 +38,8 @@ Layout decisions:
 """
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 from dataclasses import dataclass
 
@@ -306,8 +308,8 @@ class VerifyConfig:
 # sm_120 (RTX PRO 6000 / RTX 50xx, ~99 KB per block) and sm_80/89: a smaller tile that fits.
 CONFIGS = {
     # measured best on the H200 (RESULTS.md, session 2): the Gluon split kernel, 64 rows x 64
-    # latents, 8 warps, two KV buffers. The best config of the Triton kernel below on sm_90,
-    # VerifyConfig(64, 64, 8, 2, 64, idx_ahead=True), is 1.35x slower at 128k (kept in the sweeps).
+    # latents, 8 warps, two KV buffers. The best config of the Triton kernel on sm_90,
+    # SM90_TRITON below, is 1.35x slower at 128k (the fallback without Gluon; kept in the sweeps).
     "sm90": VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=1, min_chunk=64, gluon=True),
     "sm120": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
@@ -318,9 +320,30 @@ MERGE_NUM_WARPS = 4
 PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
 
 
+# sm_90 where verify_gluon.py cannot be imported (a Triton other than the one it is written for:
+# Gluon's API is experimental): the best Triton-language config on the H200, 1.35x slower at 128k.
+SM90_TRITON = VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, min_chunk=64, idx_ahead=True)
+_GLUON_OK: bool | None = None
+
+
+def gluon_available() -> bool:
+    """Whether this Triton runs the Gluon split kernel (checked once; logged when it does not)."""
+    global _GLUON_OK
+    if _GLUON_OK is None:
+        try:
+            importlib.import_module(".verify_gluon", __package__)
+            _GLUON_OK = True
+        except Exception as exc:  # ImportError, or an API that changed between Triton releases
+            logging.getLogger(__name__).warning(
+                "dflash_kernels: the Gluon split kernel is unavailable with Triton %s (%s: %s); "
+                "sm_90 uses the Triton-language kernel", triton.__version__, type(exc).__name__, exc)
+            _GLUON_OK = False
+    return _GLUON_OK
+
+
 def config_for_arch(major: int, minor: int = 0) -> VerifyConfig:
     if major == 9:
-        return CONFIGS["sm90"]
+        return CONFIGS["sm90"] if gluon_available() else SM90_TRITON
     if major >= 12:
         return CONFIGS["sm120"]
     return CONFIGS["sm80"]

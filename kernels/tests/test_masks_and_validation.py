@@ -97,3 +97,22 @@ def test_cuda_required_outside_interpreter():
     with pytest.raises(ValueError, match="CUDA"):
         va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
                             case["qo_indptr"], case["tree_mask"], SM_SCALE)
+
+
+def test_sm90_falls_back_to_the_triton_kernel_without_gluon(monkeypatch):
+    """A Triton whose Gluon API differs must not break verify on sm_90: the Triton-language
+    kernel serves instead (the Gluon module is imported once, here made to fail)."""
+    real_import = va.importlib.import_module
+
+    def failing_import(name, package=None):
+        if name.endswith("verify_gluon"):
+            raise ImportError("cannot import name 'warpgroup_mma' (a different Triton)")
+        return real_import(name, package)
+
+    monkeypatch.setattr(va, "_GLUON_OK", None)
+    monkeypatch.setattr(va.importlib, "import_module", failing_import)
+    assert va.config_for_arch(9, 0) == va.SM90_TRITON and not va.SM90_TRITON.gluon
+    assert va.config_for_arch(12, 0) == va.CONFIGS["sm120"]  # unaffected
+    monkeypatch.setattr(va, "_GLUON_OK", None)
+    monkeypatch.setattr(va.importlib, "import_module", real_import)
+    assert va.config_for_arch(9, 0) == va.CONFIGS["sm90"] and va.CONFIGS["sm90"].gluon  # Triton 3.6 here
