@@ -73,10 +73,21 @@ def _jit_kernels(arch: int) -> list:
 
 
 @contextlib.contextmanager
+def _compilations() -> Iterator[list[tuple[str, bool]]]:
+    """Within: every Triton compile request is recorded as (kernel, found in the cache)."""
+    events: list[tuple[str, bool]] = []
+    previous = knobs.compilation.listener
+    knobs.compilation.listener = lambda **kw: events.append((kw["src"].name, bool(kw["cache_hit"])))
+    try:
+        yield events
+    finally:
+        knobs.compilation.listener = previous
+
+
+@contextlib.contextmanager
 def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
     """Within: Triton compiles for `arch` and launches nothing; yields the (kernel, cache hit) list."""
-    events: list[tuple[str, bool]] = []
-    previous_listener, previous_cpu = knobs.compilation.listener, va._CPU_TENSORS_OK
+    previous_cpu = va._CPU_TENSORS_OK
     # The driver in force, or None when none was made yet (reset_active would make the default
     # one, which fails on a machine with no GPU).
     previous_driver = driver._active
@@ -84,14 +95,13 @@ def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
     for kernel in kernels:
         kernel.device_caches.clear()  # the JIT keeps the target and its kernels per device index
     triton_compiler.max_shared_mem.cache_clear()  # cached per device index too
-    knobs.compilation.listener = lambda **kw: events.append((kw["src"].name, bool(kw["cache_hit"])))
     driver.set_active(CompileOnlyDriver(arch))
     va._CPU_TENSORS_OK = True
     try:
-        yield events
+        with _compilations() as events:
+            yield events
     finally:
         driver.set_active(previous_driver)
-        knobs.compilation.listener = previous_listener
         va._CPU_TENSORS_OK = previous_cpu
         for kernel in kernels:
             kernel.device_caches.clear()
@@ -100,8 +110,9 @@ def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
 
 def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, with_lse: bool,
                        device: str = "cpu") -> None:
-    """One verify call with SGLang's argument types (int32 indices, bf16 latents)."""
-    cfg = va.CONFIGS["sm90" if arch == 90 else ("sm120" if arch >= 120 else "sm80")]
+    """One verify call with SGLang's argument types (int32 indices, bf16 latents) and the config
+    the launcher picks for `arch`, as SGLang's plugin gets it."""
+    cfg = va.config_for_arch(arch // 10, arch % 10)
     n_tok = batch * draft_tokens
     q = torch.zeros(n_tok, heads, va.D_LATENT, dtype=torch.bfloat16, device=device)
     pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device)
@@ -118,14 +129,18 @@ def check_cases(heads=(8, 16), batches=CHECK_BATCHES, draft_tokens=(16, 64)):
     return [(h, b, t, lse) for h in heads for b in batches for t in draft_tokens for lse in (False, True)]
 
 
+def _misses(arch: int, case: tuple, events: list[tuple[str, bool]]) -> list[str]:
+    h, batch, t, with_lse = case
+    return [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse})" for name, hit in events if not hit]
+
+
 def cache_misses(arch: int, heads=(8, 16)) -> list[str]:
     """The launcher's kernels that Triton would compile for `arch` (empty: all prebuilt)."""
     misses = []
-    for h, batch, t, with_lse in check_cases(heads):
+    for case in check_cases(heads):
         with compile_only(arch) as events:
-            launch_like_sglang(arch, h, batch, t, with_lse)
-        misses += [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse})"
-                   for name, hit in events if not hit]
+            launch_like_sglang(arch, *case)
+        misses += _misses(arch, case, events)
     return misses
 
 
@@ -134,19 +149,13 @@ def gpu_cache_misses(heads=(8, 16)) -> tuple[int, list[str]]:
     prebuilt cache): (kernels loaded, the ones Triton compiled instead)."""
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor
-    events: list[tuple[str, bool]] = []
-    previous = knobs.compilation.listener
-    knobs.compilation.listener = lambda **kw: events.append((kw["src"].name, bool(kw["cache_hit"])))
     misses = []
-    try:
-        for h, batch, t, with_lse in check_cases(heads):
+    with _compilations() as events:
+        for case in check_cases(heads):
             start = len(events)
-            launch_like_sglang(arch, h, batch, t, with_lse, device="cuda")
-            misses += [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse})"
-                       for name, hit in events[start:] if not hit]
+            launch_like_sglang(arch, *case, device="cuda")
+            misses += _misses(arch, case, events[start:])
         torch.cuda.synchronize()
-    finally:
-        knobs.compilation.listener = previous
     return len(events), misses
 
 

@@ -249,8 +249,9 @@ class Engine:
         slow = self.faults.get("slow_start_seconds") or 0.0
         if slow:
             await self.sleep(slow)
-        if self.faults.get("gpu_mem_gib"):
-            cfg.gpu = dataclasses.replace(cfg.gpu, total_gib=self.faults.get("gpu_mem_gib"))
+        card_gib = self.faults.get("gpu_mem_gib")
+        if card_gib:
+            cfg.gpu = dataclasses.replace(cfg.gpu, total_gib=card_gib)
 
         gpu = cfg.gpu
         tp = cfg.tp_size
