@@ -28,6 +28,8 @@ from sglang_sim.process import SimProcess  # noqa: E402
 # Accuracy runs: step times must be long against the event loop's ~1 ms timer granularity
 # and the per-chunk HTTP cost, or those, not the model, are what gets measured.
 ACCURACY_TIME_FACTOR = 0.25
+# The HTTP round trip and prompt parsing a TTFT carries: ~3 ms here, more on a busy 2-core CI box.
+MAX_TTFT_OFFSET_S = 0.015
 # Behaviour runs (cache, crash, resume): only the order of events matters.
 FAST_TIME_FACTOR = 0.01
 # The seed's server: Kimi K2.6, TP8, DFlash (accept length 1 unless SGLANG_SIM_ACCEPT_LENGTH).
@@ -96,15 +98,22 @@ def test_measured_rates_match_the_simulators_truth(sim_factory):
     with BenchClient(sim.url) as client:
         result = run_sweep(SweepSettings(contexts=contexts, gen=gen, repeats=3), client)
     assert result.complete
+    ttft_offsets = []
     for p in result.points:
         truth = _truth(int(p.prompt_tokens), gen, 4096, ACCURACY_TIME_FACTOR)
         assert p.prompt_tokens == p.context_requested
         assert [s.cached_tokens for s in p.samples] == [0, 0, 0]
-        # TTFT carries the HTTP round trip and request parsing (~3 ms here), as a user sees it.
-        assert p.ttft_s == pytest.approx(truth["ttft_s"], rel=0.04), p.context_requested
+        # TTFT is the model's prefill plus what a user also waits for: the HTTP round trip and the
+        # parsing of the prompt. That is an offset, not a scale error: never negative (beyond timer
+        # noise), a few ms, and the same at every length.
+        offset = p.ttft_s - truth["ttft_s"]
+        assert -0.005 * truth["ttft_s"] <= offset <= MAX_TTFT_OFFSET_S, (p.context_requested, offset)
+        ttft_offsets.append(offset)
         assert p.decode_tok_s == pytest.approx(truth["decode_tok_s"], rel=0.03), p.context_requested
         assert p.step_ms == pytest.approx(truth["step_ms"], rel=0.03), p.context_requested
         assert p.prefill_tok_s == pytest.approx(p.prompt_tokens / p.ttft_s)
+    # Whatever the offset is on this machine, the benchmark measures the model's prefill to within 10 ms.
+    assert max(ttft_offsets) - min(ttft_offsets) < 0.010, ttft_offsets
     # The fit sees the model's slope between these points (piecewise linear in the model).
     assert result.fit["ms_per_1k"] > 0 and result.fit["r2"] > 0.99
 
