@@ -68,19 +68,12 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     cfg = va.CONFIGS[_arch_key(arch)]
     plan_const = dict(MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad,
                       SLOT_BLOCK=va.PLAN_SLOT_BLOCK)
-    if cfg.gluon:  # the Gluon split kernel (sm_90): same arguments, fewer constexprs
-        split_fn = importlib.import_module(".verify_gluon", __package__)._verify_split_kernel_gluon
-        split_const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-    else:
-        split_fn = va._verify_split_kernel
-        split_const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                           IDX_AHEAD=cfg.idx_ahead)
+    split_fn, split_const, split_opts = va.split_kernel(cfg, heads)
     merge_const = dict(NUM_HEADS=heads, BLOCK_D=va.MERGE_BLOCK_D, SPLIT_CHUNK=va.MERGE_SPLIT_CHUNK)
     merge_opts = dict(num_warps=va.MERGE_NUM_WARPS, num_stages=1)
     return [
         ("verify_plan", va._verify_plan_kernel, _PLAN_SIG, plan_const, dict(num_warps=4, num_stages=1)),
-        ("verify_split", split_fn, _SPLIT_SIG, split_const,
-         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)),
+        ("verify_split", split_fn, _SPLIT_SIG, split_const, split_opts),
         # with and without the LSE output (SGLang's verify call asks for none)
         ("verify_merge", va._verify_merge_kernel, _MERGE_SIG, {**merge_const, "WRITE_LSE": True}, merge_opts),
         ("verify_merge_nolse", va._verify_merge_kernel, _MERGE_SIG, {**merge_const, "WRITE_LSE": False},

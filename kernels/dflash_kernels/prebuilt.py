@@ -66,10 +66,8 @@ class CompileOnlyDriver:
 
 
 def _jit_kernels(arch: int) -> list:
-    kernels = [va._verify_plan_kernel, va._verify_split_kernel, va._verify_merge_kernel]
-    if arch == 90:
-        kernels.append(importlib.import_module(".verify_gluon", __package__)._verify_split_kernel_gluon)
-    return kernels
+    split = va.split_kernel(va.config_for_arch(arch // 10, arch % 10), heads=8)[0]
+    return [va._verify_plan_kernel, va._verify_split_kernel, split, va._verify_merge_kernel]
 
 
 @contextlib.contextmanager

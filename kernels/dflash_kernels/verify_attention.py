@@ -298,6 +298,7 @@ class VerifyConfig:
     idx_ahead: bool = False  # load the next tile's slot indices one iteration early
     waves: float = 1.0  # programs per SM the default split count aims at (2: two resident CTAs)
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
+    warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
 
     def smem_bytes(self) -> int:
         """Rough shared-memory need: Q tile once plus num_stages KV tiles (bf16)."""
@@ -339,6 +340,20 @@ def gluon_available() -> bool:
                 "sm_90 uses the Triton-language kernel", triton.__version__, type(exc).__name__, exc)
             _GLUON_OK = False
     return _GLUON_OK
+
+
+def split_kernel(cfg: VerifyConfig, heads: int):
+    """(kernel, constexprs, launch options) of the split kernel a config runs; one choice for the
+    launcher and the ahead-of-time build, so both compile the same binary."""
+    const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    # (num_stages: only part of the cache key for the Gluon kernels, which pipeline by hand)
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if not cfg.gluon:
+        return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
+    verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
+    if cfg.warp_specialized:
+        return verify_gluon._verify_split_kernel_gluon_ws, const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
+    return verify_gluon._verify_split_kernel_gluon, const, opts
 
 
 def config_for_arch(major: int, minor: int = 0) -> VerifyConfig:
@@ -526,17 +541,8 @@ def verify_attention(
                       sm_scale * LOG2E,
                       q.stride(0), q.stride(1), k_ext.stride(0), kv.stride(0), tree_mask.stride(0),
                       rows_max, ns, batch)
-        if cfg.gluon:
-            from . import verify_gluon  # Hopper only; Triton's CPU interpreter does not run Gluon
-            verify_gluon._verify_split_kernel_gluon[grid](
-                *split_args, NUM_HEADS=h, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # (stages: part of the cache key only)
-        else:
-            _verify_split_kernel[grid](
-                *split_args, NUM_HEADS=h,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IDX_AHEAD=cfg.idx_ahead,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )
+        split_fn, split_const, split_opts = split_kernel(cfg, h)
+        split_fn[grid](*split_args, **split_const, **split_opts)
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
     if "merge" in _phases:
         _verify_merge_kernel[(rows_max, D_NOPE // MERGE_BLOCK_D, batch)](

@@ -1,8 +1,10 @@
-"""Hopper (sm_90) split kernel of verify attention, written in Triton's Gluon dialect.
+"""Hopper (sm_90) split kernels of verify attention, written in Triton's Gluon dialect: the
+lock-step kernel that ships (``_verify_split_kernel_gluon``) and a warp-specialised candidate
+(``_verify_split_kernel_gluon_ws``, below; built and checked on CPU, not yet run on a card).
 
 Same contract as ``verify_attention._verify_split_kernel`` (same arguments, plan, partial
 outputs), so the plan and merge kernels are shared. What Gluon allows here and the Triton kernel
-cannot get from the compiler (see RESULTS.md, session 2):
+cannot get from the compiler (see RESULTS.md, session 2), in the lock-step kernel:
 
   * S = Q.K^T is computed once per tile, split by columns over the two warpgroups
     (warps [4, 2]: each warpgroup computes 64 x BLOCK_N/2 of S), instead of the whole S in
@@ -22,7 +24,12 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from .verify_attention import SPLIT_RUNTIME_INTS
 
@@ -49,6 +56,51 @@ def _issue_tile(kn_buf, kp_buf, slots, k_base, k_stride, qo_start, n0, hi, is_dr
     rp = k_base + row * k_stride
     cp.async_copy_global_to_shared(kn_buf, rp[:, None] + gl.arange(0, 512, layout=gl.SliceLayout(0, GL))[None, :])
     cp.async_copy_global_to_shared(kp_buf, rp[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, GL))[None, :])
+
+
+@gluon.jit
+def _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH):
+    """(request, first and end latent row, is_draft) of program column pid_s: prefix slices come
+    from the plan; the last BATCH columns are the requests' draft blocks (rows set by the caller)."""
+    is_draft = pid_s >= NUM_SPLITS + BATCH
+    if is_draft:
+        b = pid_s - (NUM_SPLITS + BATCH)
+        lo = 0
+        hi = 0
+    else:
+        b = gl.load(PLAN + pid_s * 4)
+        lo = gl.load(PLAN + pid_s * 4 + 1)
+        hi = gl.load(PLAN + pid_s * 4 + 2)
+    return b, lo, hi, is_draft
+
+
+@gluon.jit
+def _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
+                         BLOCK_N: gl.constexpr, COL_S: gl.constexpr):
+    """Mask the scores of latent rows n0 .. n0 + BLOCK_N and fold them into the running row
+    maximum and sum; returns (P, the scale of the old accumulator, m_i, l_i).
+
+    The prefix is always visible (only the end of the slice is masked); a draft tile reads the
+    packed tree mask (a tile starts at a multiple of BLOCK_N, so it spans one 32-bit word per
+    row, two when BLOCK_N = 64)."""
+    cols = n0 + gl.arange(0, BLOCK_N, layout=COL_S)
+    if is_draft:
+        w0 = gl.load(mask_row + (n0 >> 5), mask=row_ok, other=0)
+        if BLOCK_N > 32:
+            w1 = gl.load(mask_row + (n0 >> 5) + 1, mask=row_ok & (n0 + 32 < hi), other=0)
+            word = gl.where(((cols >> 5) & 1)[None, :] == 0, w0[:, None], w1[:, None])
+        else:
+            word = w0[:, None]
+        visible = (((word >> (cols & 31)[None, :]) & 1) != 0) & (cols < hi)[None, :]
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+    else:
+        s = gl.where((cols < hi)[None, :], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    # a row with nothing visible so far keeps m = -inf; subtract 0 then so no NaN appears
+    m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_sub)
+    p = gl.exp2(s - m_sub[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 @gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
@@ -82,15 +134,7 @@ def _verify_split_kernel_gluon(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
-    is_draft = pid_s >= NUM_SPLITS + BATCH
-    if is_draft:
-        b = pid_s - (NUM_SPLITS + BATCH)
-        lo = 0
-        hi = 0
-    else:
-        b = gl.load(PLAN + pid_s * 4)
-        lo = gl.load(PLAN + pid_s * 4 + 1)
-        hi = gl.load(PLAN + pid_s * 4 + 2)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
     if b >= BATCH:
         return
     qo_start = gl.load(QO_INDPTR + b)
@@ -158,28 +202,8 @@ def _verify_split_kernel_gluon(
                           use_acc=False, is_async=True)
         s = warpgroup_mma(qp_smem, kp_smem.index(buf).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
-        # visibility: the prefix is always visible (only the end of the slice is masked); a draft
-        # tile reads the packed tree mask (a tile starts at a multiple of BLOCK_N, so it spans one
-        # 32-bit word per row, two when BLOCK_N = 64)
-        cols = n0 + gl.arange(0, BLOCK_N, layout=COL_S)
-        if is_draft:
-            w0 = gl.load(mask_row + (n0 >> 5), mask=row_ok, other=0)
-            if BLOCK_N > 32:
-                w1 = gl.load(mask_row + (n0 >> 5) + 1, mask=row_ok & (n0 + 32 < hi), other=0)
-                word = gl.where(((cols >> 5) & 1)[None, :] == 0, w0[:, None], w1[:, None])
-            else:
-                word = w0[:, None]
-            visible = (((word >> (cols & 31)[None, :]) & 1) != 0) & (cols < hi)[None, :]
-            s = gl.where(visible, s * qk_scale, float("-inf"))
-        else:
-            s = gl.where((cols < hi)[None, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        # a row with nothing visible so far keeps m = -inf; subtract 0 then so no NaN appears
-        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_sub)
-        p = gl.exp2(s - m_sub[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
+                                                  BLOCK_N, COL_S)
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         gl.thread_barrier()
@@ -197,3 +221,224 @@ def _verify_split_kernel_gluon(
     gl.store(PART_O + part_o[:, None] * 512 + gl.arange(0, 512, layout=gl.SliceLayout(0, O_L))[None, :], o,
              mask=(offs_mo < n_rows)[:, None])
     gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Warp-specialised version (FlashMLA's schedule): three partitions of one warpgroup each.
+#   * default (the "S" group): S = Q.K^T of a whole 64 x 64 tile with 64x64 instructions, the
+#     softmax (row-local: no cross-warpgroup reduction), P and the row scale to shared memory,
+#     then its half of P.V (output columns 0..255) chained with the next tile's S;
+#   * worker 1 (the "V" group): the other half of P.V (columns 256..511), as soon as P is there,
+#     so its MMAs overlap the S group's softmax;
+#   * worker 2 (the loader): the latent gathers (cp.async, completion counted on an mbarrier),
+#     so no MMA warp ever waits in the load-store queue.
+# Shared memory: Q 72 KB + 2 x K 72 KB + P 8 KB + row scales, as in the lock-step kernel.
+# ----------------------------------------------------------------------------------------------
+WS_LOADER_WARPS = gl.constexpr(4)  # partitions are whole warpgroups (registers are reallocated per warpgroup)
+WS_V_REGS = gl.constexpr(184)  # the V group: 64 x 256 fp32 accumulators (128 per thread) and addresses
+WS_LOADER_REGS = gl.constexpr(40)
+# launch limit: 12 warps x 32 threads x 168 <= 65,536 registers; the partitions then take 256
+# (the S group), WS_V_REGS and WS_LOADER_REGS
+WS_MAXNREG = 168
+
+
+@gluon.jit
+def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
+               n_tiles, BLOCK_N: gl.constexpr):
+    GL: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [WS_LOADER_WARPS, 1], [1, 0])
+    ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, GL))
+    cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, GL))
+    for j in range(n_tiles):
+        buf = j % 2
+        n0 = lo + j * BLOCK_N
+        slots = _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, ROW_G)
+        r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), hi - 1)  # see _issue_tile
+        row = gl.where(is_draft, qo_start + r, slots).to(gl.int64)
+        rp = (k_base + row * k_stride)[:, None]
+        # both MMA groups are done with the tile that last used this buffer
+        mbarrier.wait(kfree.index(buf), ((j // 2) & 1) ^ 1)
+        cp.async_copy_global_to_shared(kn_lo.index(buf), rp + cols[None, :])
+        cp.async_copy_global_to_shared(kn_hi.index(buf), rp + 256 + cols[None, :])
+        cp.async_copy_global_to_shared(kp_s.index(buf), rp + 512 + cols_pe[None, :])
+        cp.mbarrier_arrive(ready.index(buf), increment_count=False)  # fires when they land
+
+
+@gluon.jit
+def _ws_v_group(kn_hi, p_smem, scale_smem, kfree, p_ready, p_free,
+                PART_O, part_row0, n_rows_here, n_tiles, BLOCK_M: gl.constexpr):
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 256, 16])
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
+    for j in range(n_tiles):
+        buf = j % 2
+        mbarrier.wait(p_ready, j & 1)  # P_j and its row scale are written (and tile j is in)
+        fence_async_shared()
+        alpha = scale_smem.load(ROW_O)
+        acc = acc * alpha[:, None]
+        acc = warpgroup_mma(p_smem, kn_hi.index(buf), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(kfree.index(buf), count=1)
+    # the S group's final row sums come through the scale buffer, after one more p_ready
+    mbarrier.wait(p_ready, n_tiles & 1)
+    l_i = scale_smem.load(ROW_O)
+    o = acc / gl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    rows = gl.arange(0, BLOCK_M, layout=ROW_O)
+    dst = PART_O + (part_row0 + rows).to(gl.int64)[:, None] * 512 + 256 \
+        + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :]
+    gl.store(dst, o, mask=(rows < n_rows_here)[:, None])
+
+
+@gluon.jit
+def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
+                TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
+                NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 256, 16])
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    row_ok = offs_m < n_rows
+    mask_row = TREE_MASK + (qo_start + offs_m // NUM_HEADS).to(gl.int64) * stride_mask
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
+    acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
+    # S of tile 0 (if any); inside the loop S of tile j + 1 is chained behind P_j.V_j
+    mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
+    fence_async_shared()
+    s = warpgroup_mma(qn_lo, kn_lo.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s = warpgroup_mma(qn_hi, kn_hi.index(0).permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qp_s, kp_s.index(0).permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s])
+    for j in range(n_tiles):
+        buf = j % 2
+        n0 = lo + j * BLOCK_N
+        p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
+                                                  BLOCK_N, COL_S)
+        # the V group is done with P_{j-1} and its scale
+        mbarrier.wait(p_free, (j & 1) ^ 1)
+        p_smem.store(p.to(gl.bfloat16))
+        scale_smem.store(alpha)
+        fence_async_shared()
+        mbarrier.arrive(p_ready, count=1)
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        acc = warpgroup_mma(p_smem, kn_lo.index(buf), acc, is_async=True)
+        # S of tile j + 1 right behind (on the last tile: a discarded S of the other buffer)
+        nb = 1 - buf
+        mbarrier.wait(ready.index(nb), ((j + 1) // 2) & 1, pred=j + 1 < n_tiles)
+        fence_async_shared()
+        s = warpgroup_mma(qn_lo, kn_lo.index(nb).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma(qn_hi, kn_hi.index(nb).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qp_s, kp_s.index(nb).permute((1, 0)), s, is_async=True)
+        acc, s = warpgroup_mma_wait(0, deps=[acc, s])
+        mbarrier.arrive(kfree.index(buf), count=1)
+    # the row sums go to the V group through the scale buffer once it has read the last scale
+    mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
+    scale_smem.store(l_i)
+    mbarrier.arrive(p_ready, count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
+def _verify_split_kernel_gluon_ws(
+    Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
+    PART_O, PART_LSE,
+    qk_scale,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    rows_max, NUM_SPLITS, BATCH,
+    NUM_HEADS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):
+    gl.static_assert(BLOCK_M == 64)
+    gl.static_assert(gl.num_warps() == 4)  # the S group; the V group and the loader come on top
+    Q_BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # Q (rows, 256) load
+    QP_BL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # Q (rows, 64) load
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # the S group's layouts, in which its results come back
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 256, 16])
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    if b >= BATCH:
+        return
+    qo_start = gl.load(QO_INDPTR + b)
+    t_b = gl.load(QO_INDPTR + b + 1) - qo_start
+    n_rows = t_b * NUM_HEADS
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    kv_start = gl.load(KV_INDPTR + b)
+    if is_draft:
+        lo = 0
+        hi = t_b
+        k_base = K_EXT
+        k_stride = stride_kext
+    else:
+        k_base = KV
+        k_stride = stride_kv
+
+    # -- Q (all 576 values of BLOCK_M rows) into shared memory, once, in three column blocks --
+    rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, Q_BL))
+    q_row = (Q + (qo_start + rq // NUM_HEADS).to(gl.int64) * stride_qt + (rq % NUM_HEADS) * stride_qh)[:, None]
+    q_cols = gl.arange(0, 256, layout=gl.SliceLayout(0, Q_BL))[None, :]
+    q_ok = (rq < n_rows)[:, None]
+    qn_lo = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH, gl.load(q_row + q_cols, mask=q_ok, other=0.0))
+    qn_hi = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH,
+                                      gl.load(q_row + 256 + q_cols, mask=q_ok, other=0.0))
+    rqp = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, QP_BL))
+    qp_row = Q + (qo_start + rqp // NUM_HEADS).to(gl.int64) * stride_qt + (rqp % NUM_HEADS) * stride_qh
+    q_pe = gl.load(qp_row[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, QP_BL))[None, :],
+                   mask=(rqp < n_rows)[:, None], other=0.0)
+    qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH, q_pe)
+    kn_lo = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], SH)
+    kn_hi = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], SH)
+    kp_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], SH)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], SH)
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=32 * WS_LOADER_WARPS)  # one cp.async arrive per loader thread
+        mbarrier.init(kfree.index(i), count=2)  # the S group and the V group
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+    fence_async_shared()  # Q is read by wgmma (the async proxy)
+    gl.thread_barrier()
+
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    acc, m_i, l_i = gl.warp_specialize([
+        (_ws_s_group, (qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
+                       TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
+                       NUM_HEADS, BLOCK_M, BLOCK_N)),
+        (_ws_v_group, (kn_hi, p_smem, scale_smem, kfree, p_ready, p_free,
+                       PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
+                       n_tiles, BLOCK_M)),
+        (_ws_loader, (kn_lo, kn_hi, kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, qo_start,
+                      lo, hi, is_draft, n_tiles, BLOCK_N)),
+    ], [4, WS_LOADER_WARPS], [WS_V_REGS, WS_LOADER_REGS])
+
+    # -- partial result: normalised output (columns 0..255 here, the V group wrote the rest) and
+    # the log2-sum-exp2 of this slice --
+    has = l_i > 0.0
+    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    o = acc / gl.convert_layout(gl.where(has, l_i, 1.0), ROW_O)[:, None]
+    offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
+    part_o = pid_s.to(gl.int64) * rows_max + offs_mo
+    gl.store(PART_O + part_o[:, None] * 512 + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :], o,
+             mask=(offs_mo < n_rows)[:, None])
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=offs_m < n_rows)

@@ -102,3 +102,28 @@ def test_the_check_reports_a_missing_binary(tmp_path):
                    "--batch-pad", "64")
     assert r.returncode == 1
     assert "MISS: sm_120 _verify_plan_kernel (h=8, batch=3, t=16, lse=False)" in r.stderr
+
+
+def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
+    """The warp-specialised Gluon kernel (a candidate, not yet timed on a card): it compiles for
+    sm_90 into three partitions with reallocated registers and no spill, the S group computes a
+    whole 64 x 64 tile per instruction, the V group its 256 columns of P.V, and the loader's
+    copies are counted on an mbarrier; Q, two K buffers and P fit in the 227 KB of a block."""
+    from dflash_kernels import verify_gluon as vg
+    name, _, sig, const, _ = aot.kernel_specs(90, 8)[1]
+    k = aot.compile_one(vg._verify_split_kernel_gluon_ws, sig, const, 90,
+                        dict(num_warps=4, num_stages=1, maxnreg=vg.WS_MAXNREG))
+    assert k.metadata.num_warps == 4 + 4 + vg.WS_LOADER_WARPS.value
+    assert k.metadata.shared <= 227 * 1024
+    cubin = tmp_path / "ws.cubin"
+    cubin.write_bytes(k.asm["cubin"])
+    sass = _sass(cubin)
+    usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage  # the launch limit, nothing spilled
+    ptx = k.asm["ptx"]
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))
+    assert {"256", str(vg.WS_V_REGS.value), str(vg.WS_LOADER_REGS.value)} <= regs, regs
+    # S of tile 0 and of tile j + 1: (256 + 256 + 64) / 16 = 36 instructions each; P.V: 4 per group
+    assert sass.count("HGMMA.64x64x16.F32.BF16") == 2 * 36
+    assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 4
+    assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
