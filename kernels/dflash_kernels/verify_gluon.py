@@ -249,10 +249,12 @@ def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_s
     ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
     cols = gl.arange(0, 256, layout=gl.SliceLayout(0, GL))
     cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, GL))
+    slots_nx = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
     for j in range(n_tiles):
         buf = j % 2
         n0 = lo + j * BLOCK_N
-        slots = _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, ROW_G)
+        slots = slots_nx  # loaded one tile ahead, so their latency is hidden
+        slots_nx = _tile_slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
         r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), hi - 1)  # see _issue_tile
         row = gl.where(is_draft, qo_start + r, slots).to(gl.int64)
         rp = (k_base + row * k_stride)[:, None]
@@ -265,7 +267,7 @@ def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_s
 
 
 @gluon.jit
-def _ws_v_group(kn_hi, p_smem, scale_smem, kfree, p_ready, p_free,
+def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 PART_O, part_row0, n_rows_here, n_tiles, BLOCK_M: gl.constexpr):
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, 256, 16])
@@ -273,7 +275,11 @@ def _ws_v_group(kn_hi, p_smem, scale_smem, kfree, p_ready, p_free,
     acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
     for j in range(n_tiles):
         buf = j % 2
-        mbarrier.wait(p_ready, j & 1)  # P_j and its row scale are written (and tile j is in)
+        mbarrier.wait(p_ready, j & 1)  # P_j and its row scale are written
+        # tile j is in (the S group waited for it before P_j; waiting here too does not lean on
+        # that chain, and cannot see a later phase: the loader refills this buffer only after
+        # this group's kfree arrive below)
+        mbarrier.wait(ready.index(buf), (j // 2) & 1)
         fence_async_shared()
         alpha = scale_smem.load(ROW_O)
         acc = acc * alpha[:, None]
@@ -357,6 +363,7 @@ def _verify_split_kernel_gluon_ws(
     BLOCK_N: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 64)
+    gl.static_assert(BLOCK_N == 64)  # the loader's layout covers 64 rows; the sizes above assume it
     gl.static_assert(gl.num_warps() == 4)  # the S group; the V group and the loader come on top
     Q_BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # Q (rows, 256) load
     QP_BL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # Q (rows, 64) load
@@ -424,7 +431,7 @@ def _verify_split_kernel_gluon_ws(
         (_ws_s_group, (qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
                        NUM_HEADS, BLOCK_M, BLOCK_N)),
-        (_ws_v_group, (kn_hi, p_smem, scale_smem, kfree, p_ready, p_free,
+        (_ws_v_group, (kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
                        n_tiles, BLOCK_M)),
         (_ws_loader, (kn_lo, kn_hi, kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, qo_start,
