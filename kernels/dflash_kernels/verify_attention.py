@@ -122,6 +122,38 @@ def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.conste
         tl.store(PLAN + p * 4 + 2, hi, mask=ok)
 
 
+@triton.jit
+def _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH):
+    """(request, first and end latent row, is_draft) of program column pid_s: prefix slices come
+    from the plan; the last BATCH columns are the requests' draft blocks (rows set by the caller).
+    Scalar code only, so the Gluon kernels (verify_gluon.py) call it too."""
+    is_draft = pid_s >= NUM_SPLITS + BATCH
+    if is_draft:
+        b = pid_s - (NUM_SPLITS + BATCH)
+        lo = 0
+        hi = 0
+    else:
+        b = tl.load(PLAN + pid_s * 4)
+        lo = tl.load(PLAN + pid_s * 4 + 1)
+        hi = tl.load(PLAN + pid_s * 4 + 2)
+    return b, lo, hi, is_draft
+
+
+@triton.jit
+def _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv):
+    """(lo, hi, keys, row stride): a prefix slice reads pool slots kv_indices[lo:hi] of KV; a
+    draft block reads the request's t_b draft latents of K_EXT."""
+    if is_draft:
+        lo = 0
+        hi = t_b
+        k_base = K_EXT
+        k_stride = stride_kext
+    else:
+        k_base = KV
+        k_stride = stride_kv
+    return lo, hi, k_base, k_stride
+
+
 @triton.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
 def _verify_split_kernel(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
@@ -138,15 +170,7 @@ def _verify_split_kernel(
     pid_s = tl.program_id(1)  # slot: prefix slice (< NUM_SPLITS + BATCH) or a request's draft block
 
     # -- which request and which part of it this program takes (from the plan kernel) --
-    is_draft = pid_s >= NUM_SPLITS + BATCH
-    if is_draft:
-        b = pid_s - (NUM_SPLITS + BATCH)
-        lo = 0
-        hi = 0
-    else:
-        b = tl.load(PLAN + pid_s * 4)
-        lo = tl.load(PLAN + pid_s * 4 + 1)
-        hi = tl.load(PLAN + pid_s * 4 + 2)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
     if b >= BATCH:
         return  # a slot past the last slice of the batch
     qo_start = tl.load(QO_INDPTR + b)
@@ -175,14 +199,7 @@ def _verify_split_kernel(
     # One loop serves both kinds of program, so the compiler pipelines a single loop:
     #   prefix slice: keys at pool slots kv_indices[lo:hi], all visible;
     #   draft block:  keys are the request's t_b draft latents, visible as the tree mask says.
-    if is_draft:
-        lo = 0
-        hi = t_b
-        k_base = K_EXT
-        k_stride = stride_kext
-    else:
-        k_base = KV
-        k_stride = stride_kv
+    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
     idx_ptr = KV_INDICES + kv_start
     mask_row = TREE_MASK + (qo_start + tok).to(tl.int64) * stride_mask
     if IDX_AHEAD:

@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .verify_attention import SPLIT_RUNTIME_INTS
+from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 
 
 @gluon.jit
@@ -56,22 +56,6 @@ def _issue_tile(kn_buf, kp_buf, slots, k_base, k_stride, qo_start, n0, hi, is_dr
     rp = k_base + row * k_stride
     cp.async_copy_global_to_shared(kn_buf, rp[:, None] + gl.arange(0, 512, layout=gl.SliceLayout(0, GL))[None, :])
     cp.async_copy_global_to_shared(kp_buf, rp[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, GL))[None, :])
-
-
-@gluon.jit
-def _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH):
-    """(request, first and end latent row, is_draft) of program column pid_s: prefix slices come
-    from the plan; the last BATCH columns are the requests' draft blocks (rows set by the caller)."""
-    is_draft = pid_s >= NUM_SPLITS + BATCH
-    if is_draft:
-        b = pid_s - (NUM_SPLITS + BATCH)
-        lo = 0
-        hi = 0
-    else:
-        b = gl.load(PLAN + pid_s * 4)
-        lo = gl.load(PLAN + pid_s * 4 + 1)
-        hi = gl.load(PLAN + pid_s * 4 + 2)
-    return b, lo, hi, is_draft
 
 
 @gluon.jit
@@ -143,14 +127,7 @@ def _verify_split_kernel_gluon(
     if pid_m * BLOCK_M >= n_rows:
         return
     kv_start = gl.load(KV_INDPTR + b)
-    if is_draft:
-        lo = 0
-        hi = t_b
-        k_base = K_EXT
-        k_stride = stride_kext
-    else:
-        k_base = KV
-        k_stride = stride_kv
+    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
     idx_ptr = KV_INDICES + kv_start
 
     # -- Q (all 576 values of BLOCK_M rows) into shared memory, once --
@@ -387,14 +364,7 @@ def _verify_split_kernel_gluon_ws(
     if pid_m * BLOCK_M >= n_rows:
         return
     kv_start = gl.load(KV_INDPTR + b)
-    if is_draft:
-        lo = 0
-        hi = t_b
-        k_base = K_EXT
-        k_stride = stride_kext
-    else:
-        k_base = KV
-        k_stride = stride_kv
+    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
 
     # -- Q (all 576 values of BLOCK_M rows) into shared memory, once, in three column blocks --
     rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, Q_BL))
