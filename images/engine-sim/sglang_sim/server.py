@@ -31,6 +31,29 @@ def _error(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
+def _event(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _event_stream() -> web.StreamResponse:
+    return web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+
+
+async def _stream_outputs(request, resp: web.StreamResponse, first, gen, payload) -> web.StreamResponse:
+    """SGLang's SSE framing, shared by /generate and /v1/completions: one event per engine output
+    (``payload(out)`` builds it; the last output has done set), then ``data: [DONE]``."""
+    await resp.prepare(request)
+    out = first
+    while True:
+        await resp.write(_event(payload(out)))
+        if out[2]:  # (text, meta, done)
+            break
+        out = await gen.__anext__()
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
 def _openai_error(exc: Exception) -> web.Response:
     """The OpenAI-style 400 body SGLang's /v1 endpoints answer a bad request with."""
     body = {"object": "error", "message": str(exc), "type": "BadRequestError", "param": None, "code": 400}
@@ -203,7 +226,7 @@ def build_app(engine: Engine) -> web.Application:
                 return _error(str(exc))
             text, meta, _ = last
             return web.json_response({"text": text, "output_ids": [], "meta_info": meta})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = _event_stream()
         try:
             first = await gen.__anext__()
         except RequestError as exc:
@@ -217,22 +240,12 @@ def build_app(engine: Engine) -> web.Application:
                     "retryable": False,
                 }
             }
-            await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+            await resp.write(_event(err))
             await resp.write(b"data: [DONE]\n\n")
             return resp
-        await resp.prepare(request)
-        out = first
-        while True:
-            text, meta, done = out
-            await resp.write(
-                b"data: " + json.dumps({"text": text, "output_ids": [], "meta_info": meta}).encode() + b"\n\n"
-            )
-            if done:
-                break
-            out = await gen.__anext__()
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+        return await _stream_outputs(
+            request, resp, first, gen, lambda out: {"text": out[0], "output_ids": [], "meta_info": out[1]}
+        )
 
     async def completions(request):
         arrival = time.monotonic()
@@ -290,19 +303,18 @@ def build_app(engine: Engine) -> web.Application:
                     },
                 }
             )
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
             first = await gen.__anext__()
         except RequestError as exc:
             return _openai_error(exc)
-        await resp.prepare(request)
         sent = ""
-        out = first
-        while True:
-            text, meta, done = out
-            delta = text[len(sent) :]
-            sent = text
-            chunk = {
+
+        def chunk(out) -> dict:
+            """An OpenAI completion chunk carries the new text only."""
+            nonlocal sent
+            text, _, done = out
+            delta, sent = text[len(sent) :], text
+            return {
                 "id": rid,
                 "object": "text_completion",
                 "created": created,
@@ -317,13 +329,8 @@ def build_app(engine: Engine) -> web.Application:
                     }
                 ],
             }
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            if done:
-                break
-            out = await gen.__anext__()
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+
+        return await _stream_outputs(request, _event_stream(), first, gen, chunk)
 
     async def models(request):
         return web.json_response(
