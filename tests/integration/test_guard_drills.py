@@ -3,6 +3,7 @@
 
 import json
 import os
+import shlex
 import subprocess
 import time
 
@@ -39,6 +40,23 @@ def guard_node(tmp_path_factory):
     node.set_faults()
     if not os.environ.get("KEEP_LAB"):
         node.destroy()
+
+
+# True while sglang.service is starting a main process forked after the override file took `line`.
+RESTART_IN_FLIGHT = """
+import os, subprocess, sys, time
+props = dict(line.split("=", 1) for line in subprocess.run(
+    ["systemctl", "show", "sglang.service", "-p", "ActiveState", "-p", "SubState",
+     "-p", "ExecMainStartTimestampMonotonic"], capture_output=True, text=True).stdout.split())
+started = time.time() - (time.monotonic() - int(props["ExecMainStartTimestampMonotonic"]) / 1e6)
+override = "/etc/sglang/override.env"
+print(props["ActiveState"] == "activating" and props["SubState"] != "auto-restart"
+      and sys.argv[1] in open(override).read() and started > os.stat(override).st_mtime)
+"""
+
+
+def restart_in_flight(node, line: str) -> bool:
+    return node.sh(f"python3 -c {shlex.quote(RESTART_IN_FLIGHT)} {shlex.quote(line)}").stdout.strip() == "True"
 
 
 def step_records(node, since, step_id):
@@ -136,6 +154,9 @@ def test_drill5_guard_killed_mid_remediation_finishes_the_step(guard_node):
     node.set_faults(slow_start_seconds=400)  # 4 s more per start, in the lab: time to kill the guard
     seed_crash(node, base=10)
     action = wait_record(node, since, lambda r: r["event"] == "action", timeout=30)
+    # Kill it once its restart is under way: the override written and the engine starting on it.
+    # (Killed before that, the guard rightly acts again on resume: tests/unit/test_guard_state.py.)
+    node.wait_for(lambda: restart_in_flight(node, "expandable_segments:True"), timeout=30, interval=0.1)
     node.sh("systemctl kill --signal=SIGKILL opsctl-guard.service", check=True)
     node.set_faults()
     step = action["step_id"]
