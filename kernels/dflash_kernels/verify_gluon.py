@@ -59,6 +59,22 @@ def _issue_tile(kn_buf, kp_buf, slots, k_base, k_stride, qo_start, n0, hi, is_dr
 
 
 @gluon.jit
+def _q_row_ptrs(Q, qo_start, rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr):
+    """Start of query row `rows` (draft token rows // NUM_HEADS, head rows % NUM_HEADS)."""
+    return Q + (qo_start + rows // NUM_HEADS).to(gl.int64) * stride_qt + (rows % NUM_HEADS) * stride_qh
+
+
+@gluon.jit
+def _load_q_rope(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr,
+                 BLOCK_M: gl.constexpr, LAYOUT: gl.constexpr):
+    """The 64 rope values of the program's BLOCK_M query rows (0 past n_rows)."""
+    rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
+    ptrs = _q_row_ptrs(Q, qo_start, rows, stride_qt, stride_qh, NUM_HEADS)
+    return gl.load(ptrs[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, LAYOUT))[None, :],
+                   mask=(rows < n_rows)[:, None], other=0.0)
+
+
+@gluon.jit
 def _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
                          BLOCK_N: gl.constexpr, COL_S: gl.constexpr):
     """Mask the scores of latent rows n0 .. n0 + BLOCK_N and fold them into the running row
@@ -132,13 +148,10 @@ def _verify_split_kernel_gluon(
 
     # -- Q (all 576 values of BLOCK_M rows) into shared memory, once --
     rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, KN_BL))
-    q_row = Q + (qo_start + rq // NUM_HEADS).to(gl.int64) * stride_qt + (rq % NUM_HEADS) * stride_qh
+    q_row = _q_row_ptrs(Q, qo_start, rq, stride_qt, stride_qh, NUM_HEADS)
     q_nope = gl.load(q_row[:, None] + gl.arange(0, 512, layout=gl.SliceLayout(0, KN_BL))[None, :],
                      mask=(rq < n_rows)[:, None], other=0.0)
-    rqp = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, KP_BL))
-    qp_row = Q + (qo_start + rqp // NUM_HEADS).to(gl.int64) * stride_qt + (rqp % NUM_HEADS) * stride_qh
-    q_pe = gl.load(qp_row[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, KP_BL))[None, :],
-                   mask=(rqp < n_rows)[:, None], other=0.0)
+    q_pe = _load_q_rope(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, BLOCK_M, KP_BL)
     qn_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 512], SH, q_nope)
     qp_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH, q_pe)
     kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 512], SH)
@@ -368,17 +381,15 @@ def _verify_split_kernel_gluon_ws(
 
     # -- Q (all 576 values of BLOCK_M rows) into shared memory, once, in three column blocks --
     rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, Q_BL))
-    q_row = (Q + (qo_start + rq // NUM_HEADS).to(gl.int64) * stride_qt + (rq % NUM_HEADS) * stride_qh)[:, None]
+    q_row = _q_row_ptrs(Q, qo_start, rq, stride_qt, stride_qh, NUM_HEADS)[:, None]
     q_cols = gl.arange(0, 256, layout=gl.SliceLayout(0, Q_BL))[None, :]
     q_ok = (rq < n_rows)[:, None]
     qn_lo = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH, gl.load(q_row + q_cols, mask=q_ok, other=0.0))
     qn_hi = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH,
                                       gl.load(q_row + 256 + q_cols, mask=q_ok, other=0.0))
-    rqp = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, QP_BL))
-    qp_row = Q + (qo_start + rqp // NUM_HEADS).to(gl.int64) * stride_qt + (rqp % NUM_HEADS) * stride_qh
-    q_pe = gl.load(qp_row[:, None] + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, QP_BL))[None, :],
-                   mask=(rqp < n_rows)[:, None], other=0.0)
-    qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH, q_pe)
+    qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH,
+                                     _load_q_rope(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS,
+                                                  BLOCK_M, QP_BL))
     kn_lo = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], SH)
     kn_hi = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], SH)
     kp_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], SH)
