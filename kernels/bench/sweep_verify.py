@@ -37,8 +37,9 @@ VARIANTS = {
     "n16s6": V(64, 16, 8, 6, 64, True),
     # the Gluon split kernel (verify_gluon.py), shipped for sm_90
     "gluon-n64": V(64, 64, 8, 1, 64, False, gluon=True),
-    # warp-specialised Gluon kernel: S group, V group, loader (FlashMLA's schedule)
-    "gluon-ws": V(64, 64, 4, 1, 64, False, gluon=True, warp_specialized=True),
+    # warp-specialised Gluon kernel: S group, V group, loader (FlashMLA's schedule); num_stages
+    # is its number of K buffers (at least three: S_{j+1} is issued before tile j - 1 is freed)
+    "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
 }
 # Variants measured in session 2 and then removed from the code because they lost (RESULTS.md,
 # history 4d, 6a, 6b; their logs are in bench/results/h200_2026-11-29_s2_sweep*.log): "sp-*" (P

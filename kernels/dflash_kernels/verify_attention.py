@@ -369,7 +369,8 @@ def split_kernel(cfg: VerifyConfig, heads: int):
         return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
-        return verify_gluon._verify_split_kernel_gluon_ws, const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
+        ws_const = {**const, "NUM_STAGES": cfg.num_stages}  # K buffers, filled by the loader partition
+        return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 
 

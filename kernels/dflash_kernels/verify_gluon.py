@@ -80,9 +80,10 @@ def _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l
     """Mask the scores of latent rows n0 .. n0 + BLOCK_N and fold them into the running row
     maximum and sum; returns (P, the scale of the old accumulator, m_i, l_i).
 
-    The prefix is always visible (only the end of the slice is masked); a draft tile reads the
-    packed tree mask (a tile starts at a multiple of BLOCK_N, so it spans one 32-bit word per
-    row, two when BLOCK_N = 64)."""
+    The prefix is always visible (only the last tile of a slice has rows past its end); a draft
+    tile reads the packed tree mask (a tile starts at a multiple of BLOCK_N, so it spans one
+    32-bit word per row, two when BLOCK_N = 64). The scores stay unscaled until the exponent:
+    qk_scale > 0 commutes with the maximum, and s * qk_scale - m is one FFMA per score."""
     cols = n0 + gl.arange(0, BLOCK_N, layout=COL_S)
     if is_draft:
         w0 = gl.load(mask_row + (n0 >> 5), mask=row_ok, other=0)
@@ -92,14 +93,14 @@ def _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l
         else:
             word = w0[:, None]
         visible = (((word >> (cols & 31)[None, :]) & 1) != 0) & (cols < hi)[None, :]
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-    else:
-        s = gl.where((cols < hi)[None, :], s * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
+        s = gl.where(visible, s, float("-inf"))
+    elif n0 + BLOCK_N > hi:
+        s = gl.where((cols < hi)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     # a row with nothing visible so far keeps m = -inf; subtract 0 then so no NaN appears
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_sub)
-    p = gl.exp2(s - m_sub[:, None])
+    p = gl.exp2(s * qk_scale - m_sub[:, None])
     return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
@@ -234,14 +235,15 @@ WS_MAXNREG = 168
 
 @gluon.jit
 def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
-               n_tiles, BLOCK_N: gl.constexpr):
-    GL: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [WS_LOADER_WARPS, 1], [1, 0])
+               n_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    # one latent row per 128 / BLOCK_N threads: each warp request covers whole 32-byte sectors
+    GL: gl.constexpr = gl.BlockedLayout([1, 8], [BLOCK_N // 4, 128 // BLOCK_N], [WS_LOADER_WARPS, 1], [1, 0])
     ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
     cols = gl.arange(0, 256, layout=gl.SliceLayout(0, GL))
     cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, GL))
     slots_nx = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
     for j in range(n_tiles):
-        buf = j % 2
+        buf = j % NUM_STAGES
         n0 = lo + j * BLOCK_N
         slots = slots_nx  # loaded one tile ahead, so their latency is hidden
         slots_nx = _tile_slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
@@ -249,7 +251,7 @@ def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_s
         row = gl.where(is_draft, qo_start + r, slots).to(gl.int64)
         rp = (k_base + row * k_stride)[:, None]
         # both MMA groups are done with the tile that last used this buffer
-        mbarrier.wait(kfree.index(buf), ((j // 2) & 1) ^ 1)
+        mbarrier.wait(kfree.index(buf), ((j // NUM_STAGES) & 1) ^ 1)
         cp.async_copy_global_to_shared(kn_lo.index(buf), rp + cols[None, :])
         cp.async_copy_global_to_shared(kn_hi.index(buf), rp + 256 + cols[None, :])
         cp.async_copy_global_to_shared(kp_s.index(buf), rp + 512 + cols_pe[None, :])
@@ -258,18 +260,18 @@ def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_s
 
 @gluon.jit
 def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                PART_O, part_row0, n_rows_here, n_tiles, BLOCK_M: gl.constexpr):
+                PART_O, part_row0, n_rows_here, n_tiles, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, 256, 16])
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
     for j in range(n_tiles):
-        buf = j % 2
+        buf = j % NUM_STAGES
         mbarrier.wait(p_ready, j & 1)  # P_j and its row scale are written
         # tile j is in (the S group waited for it before P_j; waiting here too does not lean on
         # that chain, and cannot see a later phase: the loader refills this buffer only after
         # this group's kfree arrive below)
-        mbarrier.wait(ready.index(buf), (j // 2) & 1)
+        mbarrier.wait(ready.index(buf), (j // NUM_STAGES) & 1)
         fence_async_shared()
         alpha = scale_smem.load(ROW_O)
         acc = acc * alpha[:, None]
@@ -290,7 +292,8 @@ def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
 @gluon.jit
 def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
-                NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+                NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                NUM_STAGES: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -305,7 +308,6 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, read
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
     acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
-    # S of tile 0 (if any); inside the loop S of tile j + 1 is chained behind P_j.V_j
     mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
     fence_async_shared()
     s = warpgroup_mma(qn_lo, kn_lo.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -313,8 +315,16 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, read
     s = warpgroup_mma(qp_s, kp_s.index(0).permute((1, 0)), s, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s])
     for j in range(n_tiles):
-        buf = j % 2
+        buf = j % NUM_STAGES
         n0 = lo + j * BLOCK_N
+        # S_{j+1} first, so the tensor core works through this tile's softmax (on the last tile:
+        # a discarded S of the next buffer, which no copy is writing)
+        nb = (j + 1) % NUM_STAGES
+        mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
+        fence_async_shared()
+        s_nx = warpgroup_mma(qn_lo, kn_lo.index(nb).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_nx = warpgroup_mma(qn_hi, kn_hi.index(nb).permute((1, 0)), s_nx, is_async=True)
+        s_nx = warpgroup_mma(qp_s, kp_s.index(nb).permute((1, 0)), s_nx, is_async=True)
         p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
                                                   BLOCK_N, COL_S)
         # the V group is done with P_{j-1} and its scale
@@ -325,14 +335,9 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, read
         mbarrier.arrive(p_ready, count=1)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         acc = warpgroup_mma(p_smem, kn_lo.index(buf), acc, is_async=True)
-        # S of tile j + 1 right behind (on the last tile: a discarded S of the other buffer)
-        nb = 1 - buf
-        mbarrier.wait(ready.index(nb), ((j + 1) // 2) & 1, pred=j + 1 < n_tiles)
-        fence_async_shared()
-        s = warpgroup_mma(qn_lo, kn_lo.index(nb).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        s = warpgroup_mma(qn_hi, kn_hi.index(nb).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qp_s, kp_s.index(nb).permute((1, 0)), s, is_async=True)
-        acc, s = warpgroup_mma_wait(0, deps=[acc, s])
+        # (an accumulator still in flight across the loop's back edge makes ptxas serialise
+        # every wgmma of the kernel, C7514: P_j.V_j is waited for here)
+        acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
         mbarrier.arrive(kfree.index(buf), count=1)
     # the row sums go to the V group through the scale buffer once it has read the last scale
     mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
@@ -351,9 +356,12 @@ def _verify_split_kernel_gluon_ws(
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 64)
-    gl.static_assert(BLOCK_N == 64)  # the loader's layout covers 64 rows; the sizes above assume it
+    gl.static_assert((BLOCK_N == 64) or (BLOCK_N == 32))  # the loader's layout covers BLOCK_N rows
+    # S_{j+1} is issued before tile j - 1 is released, so tiles j - 1, j and j + 1 are all held
+    gl.static_assert(NUM_STAGES >= 3)
     gl.static_assert(gl.num_warps() == 4)  # the S group; the V group and the loader come on top
     Q_BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # Q (rows, 256) load
     QP_BL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # Q (rows, 64) load
@@ -390,16 +398,17 @@ def _verify_split_kernel_gluon_ws(
     qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH,
                                      _load_q_rope(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS,
                                                   BLOCK_M, QP_BL))
-    kn_lo = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], SH)
-    kn_hi = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 256], SH)
-    kp_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], SH)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], SH)
+    kn_lo = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 256], SH)
+    kn_hi = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 256], SH)
+    kp_s = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 64], SH)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N],  # 64-byte rows at BLOCK_N 32
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16))
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    kfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kfree = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=32 * WS_LOADER_WARPS)  # one cp.async arrive per loader thread
         mbarrier.init(kfree.index(i), count=2)  # the S group and the V group
     mbarrier.init(p_ready, count=1)
@@ -411,12 +420,12 @@ def _verify_split_kernel_gluon_ws(
     acc, m_i, l_i = gl.warp_specialize([
         (_ws_s_group, (qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
-                       NUM_HEADS, BLOCK_M, BLOCK_N)),
+                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
         (_ws_v_group, (kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
-                       n_tiles, BLOCK_M)),
+                       n_tiles, BLOCK_M, NUM_STAGES)),
         (_ws_loader, (kn_lo, kn_hi, kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, qo_start,
-                      lo, hi, is_draft, n_tiles, BLOCK_N)),
+                      lo, hi, is_draft, n_tiles, BLOCK_N, NUM_STAGES)),
     ], [4, WS_LOADER_WARPS], [WS_V_REGS, WS_LOADER_REGS])
 
     # -- partial result: normalised output (columns 0..255 here, the V group wrote the rest) and

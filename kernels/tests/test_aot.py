@@ -105,14 +105,17 @@ def test_the_check_reports_a_missing_binary(tmp_path):
 
 
 def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
-    """The warp-specialised Gluon kernel (a candidate, not yet timed on a card): it compiles for
-    sm_90 into three partitions with reallocated registers and no spill, the S group computes a
-    whole 64 x 64 tile per instruction, the V group its 256 columns of P.V, and the loader's
-    copies are counted on an mbarrier; Q, two K buffers and P fit in the 227 KB of a block."""
+    """The warp-specialised Gluon kernel: it compiles for sm_90 into three partitions with
+    reallocated registers and no spill, the S group computes a whole 64 x 32 tile per
+    instruction, the V group its 256 columns of P.V, and the loader's copies are counted on an
+    mbarrier; Q, four K buffers of 32 latents and P fit in the 227 KB of a block."""
     from dflash_kernels import verify_gluon as vg
+    va = aot.va
     name, _, sig, const, _ = aot.kernel_specs(90, 8)[1]
-    k = aot.compile_one(vg._verify_split_kernel_gluon_ws, sig, const, 90,
-                        dict(num_warps=4, num_stages=1, maxnreg=vg.WS_MAXNREG))
+    cfg = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True)  # the swept candidate
+    kernel, ws_const, opts = va.split_kernel(cfg, 8)
+    assert kernel is vg._verify_split_kernel_gluon_ws
+    k = aot.compile_one(kernel, sig, {**const, **ws_const}, 90, opts)
     assert k.metadata.num_warps == 4 + 4 + vg.WS_LOADER_WARPS.value
     assert k.metadata.shared <= 227 * 1024
     cubin = tmp_path / "ws.cubin"
@@ -123,7 +126,8 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     ptx = k.asm["ptx"]
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))
     assert {"256", str(vg.WS_V_REGS.value), str(vg.WS_LOADER_REGS.value)} <= regs, regs
-    # S of tile 0 and of tile j + 1: (256 + 256 + 64) / 16 = 36 instructions each; P.V: 4 per group
-    assert sass.count("HGMMA.64x64x16.F32.BF16") == 2 * 36
-    assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 4
+    # S of tile 0 and of tile j + 1: (256 + 256 + 64) / 16 = 36 instructions each; P.V: 32 / 16
+    # per group
+    assert sass.count("HGMMA.64x32x16.F32.BF16") == 2 * 36
+    assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 2
     assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
