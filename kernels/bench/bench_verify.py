@@ -117,9 +117,10 @@ def main():
     tried = []
     if a.sweep:
         V = va.VerifyConfig
-        # the best Triton-language config and the Gluon kernel (sweep_verify.py holds every
-        # variant tried in session 2, with a correctness check each)
-        variants = [V(64, 64, 8, 2, 64, True), V(64, 64, 8, 1, 64, gluon=True)]
+        # the best Triton-language config, the lock-step Gluon kernel and the shipped
+        # warp-specialised one (sweep_verify.py holds every variant tried, with a correctness
+        # check each)
+        variants = [V(64, 64, 8, 2, 64, True), V(64, 64, 8, 1, 64, gluon=True), va.CONFIGS["sm90"]]
         for t in (16, 64):
             for v in variants:
                 try:

@@ -325,10 +325,13 @@ class VerifyConfig:
 # Hopper (H100/H200, 227 KB shared memory per block): 64 rows x 512 fp32 accumulators need 8 warps.
 # sm_120 (RTX PRO 6000 / RTX 50xx, ~99 KB per block) and sm_80/89: a smaller tile that fits.
 CONFIGS = {
-    # measured best on the H200 (RESULTS.md, session 2): the Gluon split kernel, 64 rows x 64
-    # latents, 8 warps, two KV buffers. The best config of the Triton kernel on sm_90,
-    # SM90_TRITON below, is 1.35x slower at 128k (the fallback without Gluon; kept in the sweeps).
-    "sm90": VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=1, min_chunk=64, gluon=True),
+    # measured best on the H200 (RESULTS.md, session 4): the warp-specialised Gluon split kernel,
+    # 64 rows x 32 latents, an S group of 4 warps (plus a V group and a loader), four KV buffers;
+    # 1.3x faster at 128k than the lock-step Gluon kernel (session 2), which stays in the sweeps.
+    # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
+    # (the fallback without Gluon).
+    "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
+                         warp_specialized=True),
     "sm120": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
@@ -339,7 +342,7 @@ PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
 
 
 # sm_90 where verify_gluon.py cannot be imported (a Triton other than the one it is written for:
-# Gluon's API is experimental): the best Triton-language config on the H200, 1.35x slower at 128k.
+# Gluon's API is experimental): the best Triton-language config on the H200, 1.8x slower at 128k.
 SM90_TRITON = VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, min_chunk=64, idx_ahead=True)
 _GLUON_OK: bool | None = None
 

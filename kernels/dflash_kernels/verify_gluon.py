@@ -1,6 +1,6 @@
 """Hopper (sm_90) split kernels of verify attention, written in Triton's Gluon dialect: the
-lock-step kernel that ships (``_verify_split_kernel_gluon``) and a warp-specialised candidate
-(``_verify_split_kernel_gluon_ws``, below; built and checked on CPU, not yet run on a card).
+warp-specialised kernel that ships (``_verify_split_kernel_gluon_ws``, below; 1.3x faster at 128k)
+and the lock-step kernel before it (``_verify_split_kernel_gluon``, kept in the sweeps).
 
 Same contract as ``verify_attention._verify_split_kernel`` (same arguments, plan, partial
 outputs), so the plan and merge kernels are shared. What Gluon allows here and the Triton kernel
@@ -215,15 +215,16 @@ def _verify_split_kernel_gluon(
 
 
 # ----------------------------------------------------------------------------------------------
-# Warp-specialised version (FlashMLA's schedule): three partitions of one warpgroup each.
-#   * default (the "S" group): S = Q.K^T of a whole 64 x 64 tile with 64x64 instructions, the
-#     softmax (row-local: no cross-warpgroup reduction), P and the row scale to shared memory,
-#     then its half of P.V (output columns 0..255) chained with the next tile's S;
-#   * worker 1 (the "V" group): the other half of P.V (columns 256..511), as soon as P is there,
-#     so its MMAs overlap the S group's softmax;
+# Warp-specialised version (after FlashMLA's schedule): three partitions of one warpgroup each.
+#   * default (the "S" group): S = Q.K^T of a whole 64 x BLOCK_N tile, the softmax (row-local:
+#     no cross-warpgroup reduction), P and the row scale to shared memory, then its half of P.V
+#     (output columns 0..255). S_{j+1} is issued before the softmax of tile j, so the tensor
+#     core works through it (RESULTS.md, session 4: 118 -> 106 us at 128k);
+#   * worker 1 (the "V" group): the other half of P.V (columns 256..511), as soon as P is there;
 #   * worker 2 (the loader): the latent gathers (cp.async, completion counted on an mbarrier),
 #     so no MMA warp ever waits in the load-store queue.
-# Shared memory: Q 72 KB + 2 x K 72 KB + P 8 KB + row scales, as in the lock-step kernel.
+# Shared memory (BLOCK_N = 32, NUM_STAGES = 4): Q 72 KB + 4 x K 36 KB + P 4 KB + row scales;
+# four small buffers let the loader run up to three tiles ahead (two of 64 measured 7% slower).
 # ----------------------------------------------------------------------------------------------
 WS_LOADER_WARPS = gl.constexpr(4)  # partitions are whole warpgroups (registers are reallocated per warpgroup)
 WS_V_REGS = gl.constexpr(184)  # the V group: 64 x 256 fp32 accumulators (128 per thread) and addresses

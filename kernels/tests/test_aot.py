@@ -112,8 +112,7 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     from dflash_kernels import verify_gluon as vg
     va = aot.va
     name, _, sig, const, _ = aot.kernel_specs(90, 8)[1]
-    cfg = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True)  # the swept candidate
-    kernel, ws_const, opts = va.split_kernel(cfg, 8)
+    kernel, ws_const, opts = va.split_kernel(va.CONFIGS["sm90"], 8)  # what sm_90 runs
     assert kernel is vg._verify_split_kernel_gluon_ws
     k = aot.compile_one(kernel, sig, {**const, **ws_const}, 90, opts)
     assert k.metadata.num_warps == 4 + 4 + vg.WS_LOADER_WARPS.value
