@@ -2,9 +2,14 @@
 of many back-to-back calls at a small problem, without synchronising, next to the do_bench
 (eager) and graph-replay medians of the same call.
 
-    python kernels/bench/host_overhead.py
+    python kernels/bench/host_overhead.py [VARIANT ...]      (default: n64s2 gluon-n64 gluon-ws)
+
+With PROFILE=1, a cProfile of the last variant's calls at the last length follows (where the
+host time goes: the launcher's checks, Triton's dispatch, the driver).
 """
+import cProfile
 import os
+import pstats
 import sys
 import time
 
@@ -19,7 +24,7 @@ from cases import SM_SCALE, make_case  # noqa: E402
 va = sv.va
 for L in (1024, 8192):
     c = make_case([L], [16], 8, mask="chain", pool_extra=1024)
-    for name in ("n64s2", "gluon-n64"):
+    for name in sys.argv[1:] or ("n64s2", "gluon-n64", "gluon-ws"):
         cfg = sv.VARIANTS[name]
         _, ns, _ = va.plan(c["q"], 1, 16, None, cfg)
         ws = va.alloc_workspace(1, 8, 16, ns, "cuda")
@@ -46,3 +51,12 @@ for L in (1024, 8192):
         ms_g = triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
         print(f"L={L} {name:10s} host {1e6 * (t1 - t0) / n:6.1f} us/call (with drain {1e6 * (t2 - t0) / n:6.1f}), "
               f"do_bench eager {ms * 1e3:6.1f} us, graph {ms_g * 1e3:6.1f} us", flush=True)
+
+if os.environ.get("PROFILE"):
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(300):
+        f()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)

@@ -35,10 +35,11 @@ VARIANTS = {
     "n32s4-noidx": V(64, 32, 8, 4, 64, False),
     "n16s4": V(64, 16, 8, 4, 64, True),
     "n16s6": V(64, 16, 8, 6, 64, True),
-    # the Gluon split kernel (verify_gluon.py), shipped for sm_90
+    # the lock-step Gluon split kernel (verify_gluon.py), sm_90's kernel in session 2
     "gluon-n64": V(64, 64, 8, 1, 64, False, gluon=True),
-    # warp-specialised Gluon kernel: S group, V group, loader (FlashMLA's schedule); num_stages
-    # is its number of K buffers (at least three: S_{j+1} is issued before tile j - 1 is freed)
+    # the warp-specialised Gluon kernel, what sm_90 runs (CONFIGS["sm90"]): S group, V group,
+    # loader; num_stages is its number of K buffers (at least three: S_{j+1} is issued before
+    # tile j - 1 is freed)
     "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
 }
 # Variants measured in session 2 and then removed from the code because they lost (RESULTS.md,

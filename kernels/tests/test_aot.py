@@ -130,3 +130,10 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     assert sass.count("HGMMA.64x32x16.F32.BF16") == 2 * 36
     assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 2
     assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
+    # ptxas keeps the MMAs asynchronous: an accumulator read while its wgmma may be in flight makes
+    # it serialise every wgmma of the kernel (info C7514), which cost 1.7x on the H200 (RESULTS.md)
+    (tmp_path / "ws.ptx").write_text(ptx)
+    ptxas = os.path.join(os.path.dirname(CUOBJDUMP), "ptxas")
+    info = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(tmp_path / "ws.ptx"), "-o", str(tmp_path / "again.cubin")],
+                          capture_output=True, text=True, check=True)
+    assert "C7514" not in info.stdout + info.stderr, info.stderr
