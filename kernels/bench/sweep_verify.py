@@ -38,8 +38,8 @@ VARIANTS = {
     # the lock-step Gluon split kernel (verify_gluon.py), sm_90's kernel in session 2
     "gluon-n64": V(64, 64, 8, 1, 64, False, gluon=True),
     # the warp-specialised Gluon kernel, what sm_90 runs (CONFIGS["sm90"]): S group, V group,
-    # loader; num_stages is its number of K buffers (at least three: S_{j+1} is issued before
-    # tile j - 1 is freed)
+    # loader; num_stages is its number of K buffers (at least three, so the loader gets a lead:
+    # S_{j+1} is issued while tile j is held)
     "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
 }
 # Variants measured in session 2 and then removed from the code because they lost (RESULTS.md,

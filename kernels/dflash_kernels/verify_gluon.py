@@ -361,7 +361,8 @@ def _verify_split_kernel_gluon_ws(
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert((BLOCK_N == 64) or (BLOCK_N == 32))  # the loader's layout covers BLOCK_N rows
-    # S_{j+1} is issued before tile j - 1 is released, so tiles j - 1, j and j + 1 are all held
+    # S_{j+1} is issued while tile j is still held: with two buffers the loader could only start
+    # on tile j + 1 once tile j - 1 is released, right before S_{j+1} needs it
     gl.static_assert(NUM_STAGES >= 3)
     gl.static_assert(gl.num_warps() == 4)  # the S group; the V group and the loader come on top
     Q_BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # Q (rows, 256) load
