@@ -275,3 +275,4 @@ def test_seed_table_shape_through_the_cli(sim_factory, tmp_path):
     for i, j in itertools.combinations(range(len(ttft)), 2):
         if truth[j] - truth[i] > 2 * MAX_TTFT_OFFSET_S:
             assert ttft[j] > ttft[i], (result.points[i].prompt_tokens, result.points[j].prompt_tokens, ttft)
+    assert all(p.samples[0].cached_tokens == 0 for p in result.points)
