@@ -49,8 +49,21 @@ def work(lens, t, h):
     return byt, fl
 
 
-def time_ours(lens, t, h, variant=None, sets=None, merge_only=False):
-    """Median time of one verify call; rotates input sets so small problems do not sit in L2."""
+def graph_ms(f):
+    """Median time of f captured once in a CUDA graph and replayed: what SGLang's captured
+    decode step would see."""
+    f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        f()
+    return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
+
+
+def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=False):
+    """Median time of one verify call; rotates input sets so small problems do not sit in L2.
+    Returns (eager ms, graph ms, splits) and, with merge_only, the eager time of the merge alone;
+    with phases, a dict of graph times of the plan and split kernels alone and the merge alone."""
     cfg = variant
     byt, _ = work(lens, t, h)
     n_sets = sets or max(1, min(8, math.ceil(256e6 / byt)))
@@ -62,29 +75,26 @@ def time_ours(lens, t, h, variant=None, sets=None, merge_only=False):
     outs = [torch.empty(c["q"].shape[0], h, DV, dtype=torch.bfloat16, device="cuda") for c in cases]
     it = [0]
 
-    def f():
+    def f(_phases=("split", "merge")):
         i = it[0] % n_sets
         it[0] += 1
         c = cases[i]
         va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"],
                             c["qo_indptr"], c["tree_mask"], SM_SCALE, out=outs[i], workspace=ws,
-                            max_q_len=t, num_splits=ns, config=cfg)
+                            max_q_len=t, num_splits=ns, config=cfg, _phases=_phases)
 
     ms = triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
-    # graph replay of the same call: what SGLang's captured decode step would see
-    g = torch.cuda.CUDAGraph()
     it[0] = 0
-    f()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g):
-        f()
-    ms_g = triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
+    ms_g = graph_ms(f)
+    if phases:
+        it[0] = 0
+        split_ms = graph_ms(lambda: f(("split",)))
+        it[0] = 0
+        merge_ms = graph_ms(lambda: f(("merge",)))
+        return ms, ms_g, ns, dict(plan_split_us=split_ms * 1e3, merge_us=merge_ms * 1e3)
     if merge_only:
-        c = cases[0]
-        ms_m = triton.testing.do_bench(lambda: va.verify_attention(
-            c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"], c["qo_indptr"],
-            c["tree_mask"], SM_SCALE, out=outs[0], workspace=ws, max_q_len=t, num_splits=ns,
-            config=cfg, _phases=("merge",)), warmup=25, rep=100, return_mode="median")
+        it[0] = 0
+        ms_m = triton.testing.do_bench(lambda: f(("merge",)), warmup=25, rep=100, return_mode="median")
         return ms, ms_g, ns, ms_m
     return ms, ms_g, ns
 

@@ -77,6 +77,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--points", default="131072:16,131072:64,32768:16")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time plan + split alone and the merge alone (graph replay)")
     a = ap.parse_args()
     names = a.variants.split(",")
     points = [tuple(int(x) for x in p.split(":")) for p in a.points.split(",")]
@@ -101,12 +103,15 @@ def main():
               f"{time.time() - t0:.0f} s)", flush=True)
         if ok:
             for L, t in points:
-                ms, ms_g, ns = bv.time_ours([L], t, 8, cfg, sets=1)
+                ms, ms_g, ns, *phase = bv.time_ours([L], t, 8, cfg, sets=1, phases=a.phases)
                 byt, fl = bv.work([L], t, 8)
                 floor = max(byt / bw, fl / mm) * 1e6
-                r["times"][f"{L}:{t}"] = dict(us=ms * 1e3, us_graph=ms_g * 1e3, splits=ns, floor_us=floor)
-                print(f"  L={L} t={t}: {ms * 1e3:.1f} us (graph {ms_g * 1e3:.1f}), floor {floor:.1f} us, "
-                      f"{100 * floor / (ms * 1e3):.1f}% of floor", flush=True)
+                r["times"][f"{L}:{t}"] = dict(us=ms * 1e3, us_graph=ms_g * 1e3, splits=ns, floor_us=floor,
+                                              **(phase[0] if phase else {}))
+                split_merge = (f"; alone: plan + split {phase[0]['plan_split_us']:.1f}, merge "
+                               f"{phase[0]['merge_us']:.1f}") if phase else ""
+                print(f"  L={L} t={t}: {ms * 1e3:.1f} us (graph {ms_g * 1e3:.1f}{split_merge}), floor "
+                      f"{floor:.1f} us, {100 * floor / (ms_g * 1e3):.1f}% of floor (graph)", flush=True)
         rows.append(r)
     out = os.environ.get("OUT")
     if out:

@@ -66,19 +66,22 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     """(name, fn, signature, constexprs, options) for the three kernels at one arch, head count
     and batch bucket."""
     cfg = va.CONFIGS[_arch_key(arch)]
-    plan_const = dict(MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad,
-                      SLOT_BLOCK=va.PLAN_SLOT_BLOCK)
-    split_fn, split_const, split_opts = va.split_kernel(cfg, heads)
-    merge_const = dict(NUM_HEADS=heads, BLOCK_D=va.MERGE_BLOCK_D, SPLIT_CHUNK=va.MERGE_SPLIT_CHUNK)
-    merge_opts = dict(num_warps=va.MERGE_NUM_WARPS, num_stages=1)
-    return [
-        ("verify_plan", va._verify_plan_kernel, _PLAN_SIG, plan_const, dict(num_warps=4, num_stages=1)),
-        ("verify_split", split_fn, _SPLIT_SIG, split_const, split_opts),
+    merges = []
+    for tile in (va.MERGE_TILE_FEW, va.MERGE_TILE_MANY):  # the launcher picks one by the split count
+        tag = f"_d{tile[0]}c{tile[1]}"
         # with and without the LSE output (SGLang's verify call asks for none)
-        ("verify_merge", va._verify_merge_kernel, _MERGE_SIG, {**merge_const, "WRITE_LSE": True}, merge_opts),
-        ("verify_merge_nolse", va._verify_merge_kernel, _MERGE_SIG, {**merge_const, "WRITE_LSE": False},
-         merge_opts),
+        merges += [("verify_merge" + tag, *_with_sig(va.merge_kernel(heads, True, tile), _MERGE_SIG)),
+                   ("verify_merge_nolse" + tag, *_with_sig(va.merge_kernel(heads, False, tile), _MERGE_SIG))]
+    return [
+        ("verify_plan", *_with_sig(va.plan_kernel(cfg, bs_pad), _PLAN_SIG)),
+        ("verify_split", *_with_sig(va.split_kernel(cfg, heads), _SPLIT_SIG)),
+        *merges,
     ]
+
+
+def _with_sig(spec, signature):
+    fn, const, opts = spec
+    return fn, signature, const, opts
 
 
 def compile_one(fn, signature, constexprs, arch: int, options: dict):

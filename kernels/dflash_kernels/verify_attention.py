@@ -249,8 +249,10 @@ def _verify_merge_kernel(
     SPLIT_CHUNK: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
-    """One program = one query row x BLOCK_D output columns. Loads SPLIT_CHUNK partials at a
-    time (many loads in flight) in two passes: the max of the partial lse, then the weighted sum."""
+    """One program = one query row x BLOCK_D output columns. One pass over the request's partials
+    (its draft block first, then its prefix slices), SPLIT_CHUNK at a time with a running maximum:
+    a chunk's partial outputs do not depend on its lse values, so both loads are in flight
+    together and a request of up to SPLIT_CHUNK - 1 slices costs one memory round trip."""
     r = tl.program_id(0)
     pid_d = tl.program_id(1)
     b = tl.program_id(2)
@@ -263,31 +265,23 @@ def _verify_merge_kernel(
 
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    base = (s_first * rows_max + r).to(tl.int64)  # partial of slice s: base + s * rows_max
-    draft = (NUM_SPLITS + BATCH + b).to(tl.int64) * rows_max + r
-
-    # -- pass 1: the largest partial lse (draft slice included) --
-    lse_d = tl.load(PART_LSE + draft)
-    m = lse_d
-    for s0 in range(0, n_used, SPLIT_CHUNK):
-        sp = s0 + offs_s
-        lse_s = tl.load(PART_LSE + base + sp.to(tl.int64) * rows_max, mask=sp < n_used, other=float("-inf"))
-        m = tl.maximum(m, tl.max(lse_s, 0))
-    m_sub = tl.where(m == float("-inf"), 0.0, m)
-
-    # -- pass 2: weighted sum of the normalised partial outputs --
-    w_d = tl.math.exp2(lse_d - m_sub)
-    acc = w_d * tl.load(PART_O + draft * 512 + offs_d)
-    w_sum = w_d
-    for s0 in range(0, n_used, SPLIT_CHUNK):
-        sp = s0 + offs_s
-        ok = sp < n_used
-        part = base + sp.to(tl.int64) * rows_max
+    m = tl.full([1], float("-inf"), tl.float32)  # running maximum of the partial lse (log2)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    w_sum = tl.zeros([1], tl.float32)
+    for s0 in range(0, n_used + 1, SPLIT_CHUNK):
+        k = s0 + offs_s  # partial k: the draft block's slot for k = 0, prefix slot s_first + k - 1
+        ok = k <= n_used
+        slot = tl.where(k == 0, NUM_SPLITS + BATCH + b, s_first + k - 1)
+        part = slot.to(tl.int64) * rows_max + r
         lse_s = tl.load(PART_LSE + part, mask=ok, other=float("-inf"))
-        w = tl.math.exp2(lse_s - m_sub)
         o_s = tl.load(PART_O + part[:, None] * 512 + offs_d[None, :], mask=ok[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * o_s, 0)
-        w_sum += tl.sum(w, 0)
+        m_new = tl.maximum(m, tl.max(lse_s, 0))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights 0, no NaN
+        rescale = tl.math.exp2(m - m_sub)
+        w = tl.math.exp2(lse_s - m_sub)
+        acc = acc * rescale + tl.sum(w[:, None] * o_s, 0)
+        w_sum = w_sum * rescale + tl.sum(w, 0)
+        m = m_new
 
     has = w_sum > 0.0
     out = acc / tl.where(has, w_sum, 1.0)
@@ -297,9 +291,10 @@ def _verify_merge_kernel(
     tl.store(o_row + offs_d, out.to(OUT.dtype.element_ty))
     if WRITE_LSE:
         if pid_d == 0:
+            m_sub = tl.where(has, m, 0.0)
             lse = tl.where(has, (m_sub + tl.math.log2(tl.where(has, w_sum, 1.0))) * 0.6931471805599453,
                            float("-inf"))  # log2 -> natural log
-            tl.store(LSE + (qo_start + tok).to(tl.int64) * stride_lt + head * stride_lh, lse)
+            tl.store(LSE + (qo_start + tok).to(tl.int64) * stride_lt + head * stride_lh + tl.arange(0, 1), lse)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,6 +311,9 @@ class VerifyConfig:
     waves: float = 1.0  # programs per SM the default split count aims at (2: two resident CTAs)
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
+    # merge kernel (output columns per program, partials loaded at once); None: by the split
+    # count (merge_tile)
+    merge_tile: tuple[int, int] | None = None
 
     def smem_bytes(self) -> int:
         """Rough shared-memory need: Q tile once plus num_stages KV tiles (bf16)."""
@@ -335,9 +333,20 @@ CONFIGS = {
     "sm120": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
-MERGE_BLOCK_D = 128  # output columns per merge program
-MERGE_SPLIT_CHUNK = 32  # partials loaded at once by a merge program
 MERGE_NUM_WARPS = 4
+# (block_d, chunk) of the merge by the most partials a request can have (its slices + its draft
+# block): up to 32, 128 columns x 32 partials; more (66 slices at t = 16 on 132 SMs), 64 columns
+# x 128 partials, so that one round trip fetches them all. Measured on the H200 (RESULTS.md,
+# session 5): 4 us less than 128 x 32 at t = 16, 128k; 4 us more than it at t = 64 (17 partials).
+MERGE_TILE_FEW = (128, 32)
+MERGE_TILE_MANY = (64, 128)
+
+
+def merge_tile(cfg: "VerifyConfig", num_splits: int) -> tuple[int, int]:
+    """(block_d, chunk) of the merge kernel; a request has at most num_splits + 1 partials."""
+    if cfg.merge_tile is not None:
+        return cfg.merge_tile
+    return MERGE_TILE_FEW if num_splits + 1 <= MERGE_TILE_FEW[1] else MERGE_TILE_MANY
 PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
 
 
@@ -375,6 +384,19 @@ def split_kernel(cfg: VerifyConfig, heads: int):
         ws_const = {**const, "NUM_STAGES": cfg.num_stages}  # K buffers, filled by the loader partition
         return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
+
+
+def plan_kernel(cfg: VerifyConfig, bs_pad: int):
+    """(kernel, constexprs, launch options) of the plan kernel; one choice for the launcher and
+    the ahead-of-time build."""
+    const = dict(MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad, SLOT_BLOCK=PLAN_SLOT_BLOCK)
+    return _verify_plan_kernel, const, dict(num_warps=4, num_stages=1)
+
+
+def merge_kernel(heads: int, write_lse: bool, tile: tuple[int, int]):
+    """(kernel, constexprs, launch options) of the merge kernel for one (block_d, chunk) tile."""
+    const = dict(NUM_HEADS=heads, BLOCK_D=tile[0], SPLIT_CHUNK=tile[1], WRITE_LSE=write_lse)
+    return _verify_merge_kernel, const, dict(num_warps=MERGE_NUM_WARPS, num_stages=1)
 
 
 def config_for_arch(major: int, minor: int = 0) -> VerifyConfig:
@@ -552,11 +574,8 @@ def verify_attention(
     bs_pad = triton.next_power_of_2(max(batch, 2))
     grid = (triton.cdiv(rows_max, cfg.block_m), ns + 2 * batch)
     if "split" in _phases:  # (_phases: the benchmark times the merge alone)
-        _verify_plan_kernel[(1,)](
-            kv_indptr, plan_buf, batch, ns,
-            MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad, SLOT_BLOCK=PLAN_SLOT_BLOCK,
-            num_warps=4, num_stages=1,
-        )
+        plan_fn, plan_const, plan_opts = plan_kernel(cfg, bs_pad)
+        plan_fn[(1,)](kv_indptr, plan_buf, batch, ns, **plan_const, **plan_opts)
         split_args = (q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, plan_buf,
                       part_o, part_lse,
                       sm_scale * LOG2E,
@@ -566,14 +585,14 @@ def verify_attention(
         split_fn[grid](*split_args, **split_const, **split_opts)
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
     if "merge" in _phases:
-        _verify_merge_kernel[(rows_max, D_NOPE // MERGE_BLOCK_D, batch)](
+        tile = merge_tile(cfg, ns)
+        merge_fn, merge_const, merge_opts = merge_kernel(h, lse is not None, tile)
+        merge_fn[(rows_max, D_NOPE // tile[0], batch)](
             part_o, part_lse, plan_buf, qo_indptr, out, lse_arg,
             out.stride(0), out.stride(1),
             lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
             rows_max, ns, batch,
-            NUM_HEADS=h,
-            BLOCK_D=MERGE_BLOCK_D, SPLIT_CHUNK=MERGE_SPLIT_CHUNK, WRITE_LSE=lse is not None,
-            num_warps=MERGE_NUM_WARPS, num_stages=1,
+            **merge_const, **merge_opts,
         )
     return out
 

@@ -9,9 +9,11 @@ import sys
 import pytest
 import triton
 from dflash_kernels import aot
+from dflash_kernels.verify_attention import MERGE_TILE_FEW, MERGE_TILE_MANY
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 SM120_SMEM_LIMIT = 101376  # 99 KB per block on sm_120 (RTX PRO 6000 / RTX 50xx)
+MERGE_TILES = (MERGE_TILE_FEW, MERGE_TILE_MANY)  # the launcher picks one by the split count
 HOPPER_ONLY = re.compile(r"\b(HGMMA|WGMMA|UTMALDG|UTMASTG|UTMAPF|UBLKCP|SYNCS)\b")
 
 
@@ -35,8 +37,9 @@ def test_manifest(built):
     assert manifest["triton_version"] == triton.__version__
     assert manifest["archs"] == [120, 90]
     names = {(k["arch"], k["name"]) for k in manifest["kernels"]}
+    merges = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in MERGE_TILES}
     for arch in (120, 90):
-        for name in ("verify_plan", "verify_split", "verify_merge"):
+        for name in {"verify_plan", "verify_split"} | merges:
             assert (arch, name) in names
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
@@ -46,7 +49,7 @@ def test_manifest(built):
 def test_sm120_cubin_is_sm120_mma_sync_only(built):
     out, manifest = built
     cubins = sorted(glob.glob(os.path.join(out, "sm_120", "*.cubin")))
-    assert len(cubins) == 4  # plan, split, merge with and without LSE
+    assert len(cubins) == 6  # plan, split, merge with and without LSE at two tiles
     for c in cubins:
         sass = _sass(c)
         assert re.search(r"code for sm_120a?\b", sass), f"{c}: not sm_120 code"
@@ -75,7 +78,8 @@ def test_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     with open(tmp_path / "manifest.json") as f:
         m = json.load(f)
-    assert {k["name"] for k in m["kernels"]} == {"verify_plan", "verify_split", "verify_merge", "verify_merge_nolse"}
+    merges = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in MERGE_TILES}
+    assert {k["name"] for k in m["kernels"]} == {"verify_plan", "verify_split"} | merges
 
 
 def _aot_check(tmp_path, *args):
