@@ -334,19 +334,24 @@ CONFIGS = {
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
 MERGE_NUM_WARPS = 4
-# (block_d, chunk) of the merge by the most partials a request can have (its slices + its draft
-# block): up to 32, 128 columns x 32 partials; more (66 slices at t = 16 on 132 SMs), 64 columns
-# x 128 partials, so that one round trip fetches them all. Measured on the H200 (RESULTS.md,
-# session 5): 4 us less than 128 x 32 at t = 16, 128k; 4 us more than it at t = 64 (17 partials).
+# (block_d, chunk) of the merge kernel, by the mean number of partials per request (its slices
+# and its draft block), a static bound from the split count and the batch: up to 32, 128
+# columns x 32 partials; more (66 slices at t = 16, bs = 1 on 132 SMs), 64 columns x 128, so
+# that one memory round trip fetches them all. Measured on the H200 (RESULTS.md, session 5),
+# merge alone in graph replay: bs = 1, 128k, t = 16 (67 partials): 13.6 us against 18.2;
+# bs = 8, t = 16 (about 10 per request): 21.8 against 36.2; t = 64 (17): 17-18 against 22.
 MERGE_TILE_FEW = (128, 32)
 MERGE_TILE_MANY = (64, 128)
 
 
-def merge_tile(cfg: "VerifyConfig", num_splits: int) -> tuple[int, int]:
-    """(block_d, chunk) of the merge kernel; a request has at most num_splits + 1 partials."""
+def merge_tile(cfg: "VerifyConfig", num_splits: int, batch: int) -> tuple[int, int]:
+    """(block_d, chunk) of the merge kernel; the batch's slices are at most num_splits + batch - 1."""
     if cfg.merge_tile is not None:
         return cfg.merge_tile
-    return MERGE_TILE_FEW if num_splits + 1 <= MERGE_TILE_FEW[1] else MERGE_TILE_MANY
+    mean_partials = (num_splits + batch - 1) / batch + 1
+    return MERGE_TILE_FEW if mean_partials <= MERGE_TILE_FEW[1] else MERGE_TILE_MANY
+
+
 PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
 
 
@@ -585,7 +590,7 @@ def verify_attention(
         split_fn[grid](*split_args, **split_const, **split_opts)
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
     if "merge" in _phases:
-        tile = merge_tile(cfg, ns)
+        tile = merge_tile(cfg, ns, batch)
         merge_fn, merge_const, merge_opts = merge_kernel(h, lse is not None, tile)
         merge_fn[(rows_max, D_NOPE // tile[0], batch)](
             part_o, part_lse, plan_buf, qo_indptr, out, lse_arg,
