@@ -62,7 +62,7 @@ def per_program(cfg, L, t, h=8):
     first = None
     for ns in (ns0, ns0 // 2, ns0 // 3):
         ws = va.alloc_workspace(1, h, t, ns, "cuda")
-        ms = bv.graph_ms(lambda: call(c, cfg, ws, ns, t, out))
+        ms = bv.graph_ms(lambda ws=ws, ns=ns: call(c, cfg, ws, ns, t, out))
         tiles = -(-L // ns // cfg.block_n)
         first = first or (ms, tiles)
         print(f"L={L} t={t} splits={ns}: {ms * 1e3:.1f} us, {tiles} tiles per program; time x"

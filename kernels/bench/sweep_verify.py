@@ -41,6 +41,9 @@ VARIANTS = {
     # loader; num_stages is its number of K buffers (at least three, so the loader gets a lead:
     # S_{j+1} is issued while tile j is held)
     "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
+    # session 5: the seesaw kernel (_verify_split_kernel_gluon_ss): two alike MMA groups take
+    # turns at S and the softmax, each keeps half of the output columns
+    "gluon-ws-ss": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, seesaw=True),
 }
 # Variants measured in session 2 and then removed from the code because they lost (RESULTS.md,
 # history 4d, 6a, 6b; their logs are in bench/results/h200_2026-11-29_s2_sweep*.log): "sp-*" (P
@@ -76,12 +79,14 @@ def check(cfg):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--points", default="131072:16,131072:64,32768:16")
+    ap.add_argument("--points", default="131072:16,131072:64,32768:16", help="L:t or L1+L2+...:t, comma-separated")
     ap.add_argument("--phases", action="store_true",
                     help="also time plan + split alone and the merge alone (graph replay)")
     a = ap.parse_args()
     names = a.variants.split(",")
-    points = [tuple(int(x) for x in p.split(":")) for p in a.points.split(",")]
+    # a point is L:t, or L1+L2+...:t for a batch of requests of those prefix lengths
+    points = [(tuple(int(x) for x in p.split(":")[0].split("+")), int(p.split(":")[1]))
+              for p in a.points.split(",")]
     torch.manual_seed(0)
     bw, mm = bv.ceilings()
     head = dict(device=torch.cuda.get_device_name(), copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12,
@@ -102,9 +107,10 @@ def main():
         print(f"{name}: check {'ok' if ok else 'FAILED'} (rel err {err:.2e}, lse err {err_lse:.1e}, "
               f"{time.time() - t0:.0f} s)", flush=True)
         if ok:
-            for L, t in points:
-                ms, ms_g, ns, *phase = bv.time_ours([L], t, 8, cfg, sets=1, phases=a.phases)
-                byt, fl = bv.work([L], t, 8)
+            for lens, t in points:
+                L = "+".join(map(str, lens))
+                ms, ms_g, ns, *phase = bv.time_ours(list(lens), t, 8, cfg, sets=1, phases=a.phases)
+                byt, fl = bv.work(lens, t, 8)
                 floor = max(byt / bw, fl / mm) * 1e6
                 r["times"][f"{L}:{t}"] = dict(us=ms * 1e3, us_graph=ms_g * 1e3, splits=ns, floor_us=floor,
                                               **(phase[0] if phase else {}))
@@ -118,7 +124,7 @@ def main():
         with open(os.path.join(out, "sweep_verify.json"), "w") as f:
             json.dump(dict(head=head, rows=rows), f, indent=1)
     print(f"\n{head}")
-    cols = [f"{L}:{t}" for L, t in points]
+    cols = [f"{'+'.join(map(str, lens))}:{t}" for lens, t in points]
     print("| variant | rel err | " + " | ".join(f"L={c.split(':')[0]} t={c.split(':')[1]} us (graph)" for c in cols) + " |")
     print("|---|---|" + "---|" * len(cols))
     for r in rows:

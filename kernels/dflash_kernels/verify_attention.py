@@ -311,6 +311,7 @@ class VerifyConfig:
     waves: float = 1.0  # programs per SM the default split count aims at (2: two resident CTAs)
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
+    seesaw: bool = False  # with warp_specialized: two alike MMA groups that take turns at S (verify_gluon.py)
     # merge kernel (output columns per program, partials loaded at once); None: by the split
     # count (merge_tile)
     merge_tile: tuple[int, int] | None = None
@@ -344,7 +345,7 @@ MERGE_TILE_FEW = (128, 32)
 MERGE_TILE_MANY = (64, 128)
 
 
-def merge_tile(cfg: "VerifyConfig", num_splits: int, batch: int) -> tuple[int, int]:
+def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> tuple[int, int]:
     """(block_d, chunk) of the merge kernel; the batch's slices are at most num_splits + batch - 1."""
     if cfg.merge_tile is not None:
         return cfg.merge_tile
@@ -387,7 +388,8 @@ def split_kernel(cfg: VerifyConfig, heads: int):
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
         ws_const = {**const, "NUM_STAGES": cfg.num_stages}  # K buffers, filled by the loader partition
-        return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
+        fn = verify_gluon._verify_split_kernel_gluon_ss if cfg.seesaw else verify_gluon._verify_split_kernel_gluon_ws
+        return fn, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 
 

@@ -1,6 +1,7 @@
 """Hopper (sm_90) split kernels of verify attention, written in Triton's Gluon dialect: the
-warp-specialised kernel that ships (``_verify_split_kernel_gluon_ws``, below; 1.3x faster at 128k)
-and the lock-step kernel before it (``_verify_split_kernel_gluon``, kept in the sweeps).
+warp-specialised kernel that ships (``_verify_split_kernel_gluon_ws``, below; 1.3x faster at 128k),
+the lock-step kernel before it (``_verify_split_kernel_gluon``) and a seesaw candidate
+(``_verify_split_kernel_gluon_ss``, at the end), both kept in the sweeps and the GPU tests.
 
 Same contract as ``verify_attention._verify_split_kernel`` (same arguments, plan, partial
 outputs), so the plan and merge kernels are shared. What Gluon allows here and the Triton kernel
@@ -214,6 +215,50 @@ def _verify_split_kernel_gluon(
     gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=row_ok)
 
 
+@gluon.jit
+def _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The warp-specialised kernels' shared operands: Q (all 576 values of BLOCK_M rows) loaded
+    once, in three column blocks, and NUM_STAGES empty K buffers of BLOCK_N latents (two nope
+    halves and the rope part), all in the 128-byte swizzle wgmma reads."""
+    Q_BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # Q (rows, 256) load
+    QP_BL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # Q (rows, 64) load
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, Q_BL))
+    q_row = _q_row_ptrs(Q, qo_start, rq, stride_qt, stride_qh, NUM_HEADS)[:, None]
+    q_cols = gl.arange(0, 256, layout=gl.SliceLayout(0, Q_BL))[None, :]
+    q_ok = (rq < n_rows)[:, None]
+    qn_lo = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH, gl.load(q_row + q_cols, mask=q_ok, other=0.0))
+    qn_hi = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH,
+                                      gl.load(q_row + 256 + q_cols, mask=q_ok, other=0.0))
+    qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH,
+                                     _load_q_rope(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS,
+                                                  BLOCK_M, QP_BL))
+    kn_lo = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 256], SH)
+    kn_hi = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 256], SH)
+    kp_s = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 64], SH)
+    return qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s
+
+
+@gluon.jit
+def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows,
+                      BLOCK_M: gl.constexpr):
+    """A warp-specialised program's partial result: output columns 0..255 (acc / l_div, l_div
+    in acc's row layout; the other MMA group wrote the rest) and the slice's log2-sum-exp2."""
+    O_L: gl.constexpr = acc.type.layout
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    ROW_S: gl.constexpr = m_i.type.layout
+    has = l_i > 0.0
+    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    o = acc / l_div[:, None]
+    offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
+    part_o = pid_s.to(gl.int64) * rows_max + offs_mo
+    gl.store(PART_O + part_o[:, None] * 512 + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :], o,
+             mask=(offs_mo < n_rows)[:, None])
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=offs_m < n_rows)
+
+
 # ----------------------------------------------------------------------------------------------
 # Warp-specialised version (after FlashMLA's schedule): three partitions of one warpgroup each.
 #   * default (the "S" group): S = Q.K^T of a whole 64 x BLOCK_N tile, the softmax (row-local:
@@ -365,16 +410,6 @@ def _verify_split_kernel_gluon_ws(
     # on tile j + 1 once tile j - 1 is released, right before S_{j+1} needs it
     gl.static_assert(NUM_STAGES >= 3)
     gl.static_assert(gl.num_warps() == 4)  # the S group; the V group and the loader come on top
-    Q_BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # Q (rows, 256) load
-    QP_BL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # Q (rows, 64) load
-    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    # the S group's layouts, in which its results come back
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 256, 16])
-    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
-    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -389,20 +424,8 @@ def _verify_split_kernel_gluon_ws(
     kv_start = gl.load(KV_INDPTR + b)
     lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
 
-    # -- Q (all 576 values of BLOCK_M rows) into shared memory, once, in three column blocks --
-    rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, Q_BL))
-    q_row = _q_row_ptrs(Q, qo_start, rq, stride_qt, stride_qh, NUM_HEADS)[:, None]
-    q_cols = gl.arange(0, 256, layout=gl.SliceLayout(0, Q_BL))[None, :]
-    q_ok = (rq < n_rows)[:, None]
-    qn_lo = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH, gl.load(q_row + q_cols, mask=q_ok, other=0.0))
-    qn_hi = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH,
-                                      gl.load(q_row + 256 + q_cols, mask=q_ok, other=0.0))
-    qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH,
-                                     _load_q_rope(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS,
-                                                  BLOCK_M, QP_BL))
-    kn_lo = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 256], SH)
-    kn_hi = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 256], SH)
-    kp_s = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 64], SH)
+    qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s = _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh,
+                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N],  # 64-byte rows at BLOCK_N 32
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16))
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -430,14 +453,242 @@ def _verify_split_kernel_gluon_ws(
                       lo, hi, is_draft, n_tiles, BLOCK_N, NUM_STAGES)),
     ], [4, WS_LOADER_WARPS], [WS_V_REGS, WS_LOADER_REGS])
 
-    # -- partial result: normalised output (columns 0..255 here, the V group wrote the rest) and
-    # the log2-sum-exp2 of this slice --
-    has = l_i > 0.0
-    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-    o = acc / gl.convert_layout(gl.where(has, l_i, 1.0), ROW_O)[:, None]
-    offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
-    part_o = pid_s.to(gl.int64) * rows_max + offs_mo
-    gl.store(PART_O + part_o[:, None] * 512 + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :], o,
-             mask=(offs_mo < n_rows)[:, None])
+    # -- partial result (the V group wrote columns 256..511) --
+    l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, acc.type.layout))
+    _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M)
+
+
+# ----------------------------------------------------------------------------------------------
+# Seesaw version (after FlashMLA's schedule for two MMA warpgroups), a candidate of session 5,
+# correct and not shipped: it measured as fast as the kernel above at bs = 1 (104 against 102 us
+# at 128k, t = 16) and 5% faster on the mixed batch (RESULTS.md). The ncu profile of the kernel
+# above shows its S group as the critical path and its V group idle 70% of the time: a warp
+# issues in order, so the S group's softmax waits behind the 36 wgmma of S_{j+1}. Here the two
+# MMA groups are alike: group g owns output columns 256 g .. 256 g + 255, and computes S and the
+# softmax of the tiles j with j % 2 == g. The row maximum runs through both in turn: the owner of
+# tile j publishes P_j, the new maximum and the scale of the older terms, and both groups fold P_j
+# into their halves; while one group does its softmax, the other's S of its next tile runs.
+#   shared memory: Q 72 KB + 4 x K 36 KB + 2 x P 4 KB + row statistics (1.5 KB) of 227 KB.
+# ----------------------------------------------------------------------------------------------
+SS_B_REGS = gl.constexpr(224)  # group 1: 64 x 256 fp32 accumulators, S of its next tile, softmax
+SS_LOADER_REGS = gl.constexpr(32)  # so that group 0 keeps 256 (512 per thread slot in all)
+
+
+@gluon.jit
+def _ss_own_tile(j, q: gl.constexpr, s, acc, m_i, l_i, p_buf, v_buf, m_smem, a_smem, pub, pfree, kfree,
+                 mask_row, row_ok, lo, hi, is_draft, qk_scale, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                 COL_S: gl.constexpr, ROW_O: gl.constexpr):
+    """A tile of this group's (S_j in s, issued and waited before): the softmax with the maximum
+    after tile j - 1, P_j and the row statistics published, then this group's half of P_j.V_j."""
+    p, alpha, m_i, l_i = _online_softmax_step(s, lo + j * BLOCK_N, hi, is_draft, mask_row, row_ok,
+                                              qk_scale, m_i, l_i, BLOCK_N, COL_S)
+    mbarrier.wait(pfree.index(q), ((j // 2) & 1) ^ 1)  # both groups are done with P_{j-2}
+    p_buf.store(p.to(gl.bfloat16))
+    m_smem.index(q).store(m_i)
+    a_smem.index(q).store(alpha)
+    fence_async_shared()
+    mbarrier.arrive(pub.index(q), count=1)
+    # the scale in the accumulator's row layout, read back rather than converted (a layout
+    # conversion goes through a scratch buffer)
+    acc = acc * a_smem.index(q).load(ROW_O)[:, None]
+    acc = warpgroup_mma(p_buf, v_buf, acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    mbarrier.arrive(pfree.index(q), count=1)
+    mbarrier.arrive(kfree.index(j % NUM_STAGES), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _ss_other_tile(j, q: gl.constexpr, acc, l_i, zero_s, p_buf, v_buf, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s,
+                   m_smem, a_smem, ready, pub, pfree, kfree, n_tiles, NUM_STAGES: gl.constexpr,
+                   ROW_S: gl.constexpr, ROW_O: gl.constexpr):
+    """A tile of the other group's: first the S of this group's next tile (j + 1), so the tensor
+    core works on it while the other group does its softmax (past the last tile: a discarded S
+    of a buffer no copy is writing), then P_j.V_j for this group's half."""
+    nb = (j + 1) % NUM_STAGES
+    mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
+    fence_async_shared()
+    s_nx = warpgroup_mma(qn_lo, kn_lo.index(nb).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s_nx = warpgroup_mma(qn_hi, kn_hi.index(nb).permute((1, 0)), s_nx, is_async=True)
+    s_nx = warpgroup_mma(qp_s, kp_s.index(nb).permute((1, 0)), s_nx, is_async=True)
+    mbarrier.wait(ready.index(j % NUM_STAGES), (j // NUM_STAGES) & 1)  # (this group's view of tile j)
+    mbarrier.wait(pub.index(q), (j // 2) & 1)  # P_j, the maximum after tile j, the scale
+    fence_async_shared()
+    m_i = m_smem.index(q).load(ROW_S)
+    l_i = l_i * a_smem.index(q).load(ROW_S)
+    acc = acc * a_smem.index(q).load(ROW_O)[:, None]
+    acc = warpgroup_mma(p_buf, v_buf, acc, is_async=True)
+    # (nothing stays in flight across the loop's back edge: ptxas would serialise every wgmma
+    # of the kernel, C7514)
+    acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
+    mbarrier.arrive(pfree.index(q), count=1)
+    mbarrier.arrive(kfree.index(j % NUM_STAGES), count=1)
+    return s, acc, m_i, l_i
+
+
+@gluon.jit
+def _ss_loop(ME: gl.constexpr, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem, a_smem, ready,
+             kfree, pub, pfree, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles,
+             qk_scale, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             NUM_STAGES: gl.constexpr):
+    """Both MMA groups: returns (this group's 64 x 256 accumulator, the final row maximum, this
+    group's share of the row sums, both at that maximum). Tiles go in pairs (2 i: group 0's,
+    2 i + 1: group 1's), so every P buffer and statistics index is known at compile time."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 256, 16])
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
-    gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=offs_m < n_rows)
+    row_ok = offs_m < n_rows
+    mask_row = TREE_MASK + (qo_start + offs_m // NUM_HEADS).to(gl.int64) * stride_mask
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)  # row maximum so far (both groups')
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)  # this group's P row sums at that maximum
+    acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
+    s = zero_s
+    if ME == 0:  # group 0 owns tile 0: its S first
+        mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
+        fence_async_shared()
+        s = warpgroup_mma(qn_lo, kn_lo.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma(qn_hi, kn_hi.index(0).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qp_s, kp_s.index(0).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s])
+    for i in range(gl.cdiv(n_tiles, 2)):
+        j = 2 * i
+        if ME == 0:
+            acc, m_i, l_i = _ss_own_tile(j, 0, s, acc, m_i, l_i, p_smem0, kn_lo.index(j % NUM_STAGES), m_smem,
+                                         a_smem, pub, pfree, kfree, mask_row, row_ok, lo, hi, is_draft, qk_scale,
+                                         BLOCK_N, NUM_STAGES, COL_S, ROW_O)
+        else:
+            s, acc, m_i, l_i = _ss_other_tile(j, 0, acc, l_i, zero_s, p_smem0, kn_hi.index(j % NUM_STAGES), qn_lo,
+                                              qn_hi, qp_s, kn_lo, kn_hi, kp_s, m_smem, a_smem, ready, pub, pfree,
+                                              kfree, n_tiles, NUM_STAGES, ROW_S, ROW_O)
+        if j + 1 < n_tiles:
+            if ME == 1:
+                acc, m_i, l_i = _ss_own_tile(j + 1, 1, s, acc, m_i, l_i, p_smem1, kn_hi.index((j + 1) % NUM_STAGES),
+                                             m_smem, a_smem, pub, pfree, kfree, mask_row, row_ok, lo, hi, is_draft,
+                                             qk_scale, BLOCK_N, NUM_STAGES, COL_S, ROW_O)
+            else:
+                s, acc, m_i, l_i = _ss_other_tile(j + 1, 1, acc, l_i, zero_s, p_smem1,
+                                                  kn_lo.index((j + 1) % NUM_STAGES), qn_lo, qn_hi, qp_s, kn_lo,
+                                                  kn_hi, kp_s, m_smem, a_smem, ready, pub, pfree, kfree, n_tiles,
+                                                  NUM_STAGES, ROW_S, ROW_O)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _ss_row_sums(ME: gl.constexpr, l_i, l_smem, fin, ROW_O: gl.constexpr):
+    """Both groups' row sums added, in the statistics' layout and in the accumulator's: each
+    group publishes its share and reads both back (no layout conversion, see _ss_loop)."""
+    l_smem.index(ME).store(l_i)
+    mbarrier.arrive(fin.index(ME), count=1)
+    mbarrier.wait(fin.index(1 - ME), 0)
+    l_s = l_smem.index(0).load(l_i.type.layout) + l_smem.index(1).load(l_i.type.layout)
+    l_o = l_smem.index(0).load(ROW_O) + l_smem.index(1).load(ROW_O)
+    return l_s, l_o
+
+
+@gluon.jit
+def _ss_group_1(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem, a_smem, l_smem, ready, kfree, pub, pfree,
+                fin, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
+                PART_O, part_row0, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                NUM_STAGES: gl.constexpr):
+    acc, m_i, l_i = _ss_loop(1, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem, a_smem, ready, kfree,
+                             pub, pfree, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
+                             n_tiles, qk_scale, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
+    O_L: gl.constexpr = acc.type.layout
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    l_i, l_o = _ss_row_sums(1, l_i, l_smem, fin, ROW_O)
+    o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+    rows = gl.arange(0, BLOCK_M, layout=ROW_O)
+    dst = PART_O + (part_row0 + rows).to(gl.int64)[:, None] * 512 + 256 \
+        + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :]
+    gl.store(dst, o, mask=(pid_m * BLOCK_M + rows < n_rows)[:, None])
+
+
+@gluon.jit
+def _ss_group_0(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem, a_smem, l_smem, ready, kfree, pub, pfree,
+                fin, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
+                NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    acc, m_i, l_i = _ss_loop(0, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem, a_smem, ready, kfree,
+                             pub, pfree, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
+                             n_tiles, qk_scale, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
+    l_i, l_o = _ss_row_sums(0, l_i, l_smem, fin, gl.SliceLayout(1, acc.type.layout))
+    return acc, m_i, l_i, l_o
+
+
+@gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
+def _verify_split_kernel_gluon_ss(
+    Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
+    PART_O, PART_LSE,
+    qk_scale,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    rows_max, NUM_SPLITS, BATCH,
+    NUM_HEADS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+):
+    gl.static_assert(BLOCK_M == 64)
+    gl.static_assert(BLOCK_N == 32)  # four 32-latent buffers fit beside Q and two P buffers
+    gl.static_assert(NUM_STAGES >= 3)  # tiles j, j + 1 held while the loader fills j + 2
+    gl.static_assert(gl.num_warps() == 4)  # group 0; group 1 and the loader come on top
+    ROWS_SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # (rank of one row: indexed by buffer)
+
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    if b >= BATCH:
+        return
+    qo_start = gl.load(QO_INDPTR + b)
+    t_b = gl.load(QO_INDPTR + b + 1) - qo_start
+    n_rows = t_b * NUM_HEADS
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    kv_start = gl.load(KV_INDPTR + b)
+    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
+
+    qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s = _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh,
+                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
+    P_SH: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
+    # two P buffers, separately allocated and chosen at compile time (a P buffer picked by a
+    # run-time index gave wrong results in the group that did not write it)
+    p_smem0 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], P_SH)
+    p_smem1 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], P_SH)
+    m_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], ROWS_SH)
+    a_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], ROWS_SH)
+    l_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], ROWS_SH)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kfree = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    pub = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    fin = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=32 * WS_LOADER_WARPS)  # one cp.async arrive per loader thread
+        mbarrier.init(kfree.index(i), count=2)  # both MMA groups
+    for i in gl.static_range(2):
+        mbarrier.init(pub.index(i), count=1)  # the tile's owner
+        mbarrier.init(pfree.index(i), count=2)  # both MMA groups
+        mbarrier.init(fin.index(i), count=1)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    acc, m_i, l_i, l_o = gl.warp_specialize([
+        (_ss_group_0, (qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem, a_smem, l_smem, ready, kfree,
+                       pub, pfree, fin, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
+                       n_tiles, qk_scale, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
+        (_ss_group_1, (qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem, a_smem, l_smem, ready, kfree,
+                       pub, pfree, fin, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
+                       n_tiles, qk_scale, PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M,
+                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
+        (_ws_loader, (kn_lo, kn_hi, kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, qo_start,
+                      lo, hi, is_draft, n_tiles, BLOCK_N, NUM_STAGES)),
+    ], [4, WS_LOADER_WARPS], [SS_B_REGS, SS_LOADER_REGS])
+
+    # -- partial result (group 1 wrote columns 256..511) --
+    _store_partial_lo(acc, gl.where(l_o > 0.0, l_o, 1.0), m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max,
+                      n_rows, BLOCK_M)

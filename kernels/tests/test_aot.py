@@ -141,3 +141,29 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     info = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(tmp_path / "ws.ptx"), "-o", str(tmp_path / "again.cubin")],
                           capture_output=True, text=True, check=True)
     assert "C7514" not in info.stdout + info.stderr, info.stderr
+
+
+def test_seesaw_sm90_kernel_builds(tmp_path):
+    """The seesaw candidate (not shipped; RESULTS.md, session 5) still compiles for sm_90: two MMA
+    groups that each issue S (36 wgmma per tile, in the prologue and before each tile of the
+    other group's) and P.V for their 256 columns, within a block's shared memory, and ptxas keeps
+    its wgmma asynchronous."""
+    from dflash_kernels import verify_gluon as vg
+    va = aot.va
+    name, _, sig, const, _ = aot.kernel_specs(90, 8)[1]
+    cfg = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, seesaw=True)
+    kernel, ss_const, opts = va.split_kernel(cfg, 8)
+    assert kernel is vg._verify_split_kernel_gluon_ss
+    k = aot.compile_one(kernel, sig, {**const, **ss_const}, 90, opts)
+    assert k.metadata.shared <= 227 * 1024
+    cubin = tmp_path / "ss.cubin"
+    cubin.write_bytes(k.asm["cubin"])
+    sass = _sass(cubin)
+    # S of tile 0 (group 0), then one S per tile of the other group's, in each group's pair body
+    assert sass.count("HGMMA.64x32x16.F32.BF16") == 36 * 3
+    assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 4  # P.V: own and other tile, per group
+    (tmp_path / "ss.ptx").write_text(k.asm["ptx"])
+    ptxas = os.path.join(os.path.dirname(CUOBJDUMP), "ptxas")
+    info = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(tmp_path / "ss.ptx"), "-o", str(tmp_path / "again.cubin")],
+                          capture_output=True, text=True, check=True)
+    assert "C7514" not in info.stdout + info.stderr, info.stderr
