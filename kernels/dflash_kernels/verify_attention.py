@@ -312,8 +312,8 @@ class VerifyConfig:
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
     seesaw: bool = False  # with warp_specialized: two alike MMA groups that take turns at S (verify_gluon.py)
-    # merge kernel (output columns per program, partials loaded at once); None: by the split
-    # count (merge_tile)
+    # merge kernel (output columns per program, partials loaded at once); None: chosen from the
+    # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
 
     def smem_bytes(self) -> int:
