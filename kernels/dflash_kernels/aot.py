@@ -67,7 +67,7 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     and batch bucket."""
     cfg = va.CONFIGS[_arch_key(arch)]
     merges = []
-    for tile in (va.MERGE_TILE_FEW, va.MERGE_TILE_MANY):  # the launcher picks one by the split count
+    for tile in (va.MERGE_TILE_FEW, va.MERGE_TILE_MANY):  # the launcher picks one (merge_tile)
         tag = f"_d{tile[0]}c{tile[1]}"
         # with and without the LSE output (SGLang's verify call asks for none)
         merges += [("verify_merge" + tag, *_with_sig(va.merge_kernel(heads, True, tile), _MERGE_SIG)),

@@ -241,6 +241,26 @@ def _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS
 
 
 @gluon.jit
+def _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, buf, zero_s):
+    """S = Q.K^T of the tile in K buffer buf, issued asynchronously (36 wgmma over the two nope
+    halves and the rope part); the caller waits for it."""
+    s = warpgroup_mma(qn_lo, kn_lo.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s = warpgroup_mma(qn_hi, kn_hi.index(buf).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma(qp_s, kp_s.index(buf).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _store_partial_hi(acc, l_div, PART_O, part_row0, n_rows_here, BLOCK_M: gl.constexpr):
+    """Output columns 256..511 of a warp-specialised program's partial result (acc / l_div, l_div
+    in acc's row layout); rows past n_rows_here are left alone."""
+    O_L: gl.constexpr = acc.type.layout
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_L))
+    dst = PART_O + (part_row0 + rows).to(gl.int64)[:, None] * 512 + 256 \
+        + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :]
+    gl.store(dst, acc / l_div[:, None], mask=(rows < n_rows_here)[:, None])
+
+
+@gluon.jit
 def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows,
                       BLOCK_M: gl.constexpr):
     """A warp-specialised program's partial result: output columns 0..255 (acc / l_div, l_div
@@ -328,11 +348,7 @@ def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
     # the S group's final row sums come through the scale buffer, after one more p_ready
     mbarrier.wait(p_ready, n_tiles & 1)
     l_i = scale_smem.load(ROW_O)
-    o = acc / gl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    rows = gl.arange(0, BLOCK_M, layout=ROW_O)
-    dst = PART_O + (part_row0 + rows).to(gl.int64)[:, None] * 512 + 256 \
-        + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :]
-    gl.store(dst, o, mask=(rows < n_rows_here)[:, None])
+    _store_partial_hi(acc, gl.where(l_i > 0.0, l_i, 1.0), PART_O, part_row0, n_rows_here, BLOCK_M)
 
 
 @gluon.jit
@@ -356,9 +372,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, read
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
     mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
     fence_async_shared()
-    s = warpgroup_mma(qn_lo, kn_lo.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    s = warpgroup_mma(qn_hi, kn_hi.index(0).permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qp_s, kp_s.index(0).permute((1, 0)), s, is_async=True)
+    s = _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, 0, zero_s)
     s = warpgroup_mma_wait(0, deps=[s])
     for j in range(n_tiles):
         buf = j % NUM_STAGES
@@ -368,9 +382,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, read
         nb = (j + 1) % NUM_STAGES
         mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
         fence_async_shared()
-        s_nx = warpgroup_mma(qn_lo, kn_lo.index(nb).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        s_nx = warpgroup_mma(qn_hi, kn_hi.index(nb).permute((1, 0)), s_nx, is_async=True)
-        s_nx = warpgroup_mma(qp_s, kp_s.index(nb).permute((1, 0)), s_nx, is_async=True)
+        s_nx = _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, nb, zero_s)
         p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
                                                   BLOCK_N, COL_S)
         # the V group is done with P_{j-1} and its scale
@@ -508,9 +520,7 @@ def _ss_other_tile(j, q: gl.constexpr, acc, l_i, zero_s, p_buf, v_buf, qn_lo, qn
     nb = (j + 1) % NUM_STAGES
     mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
     fence_async_shared()
-    s_nx = warpgroup_mma(qn_lo, kn_lo.index(nb).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    s_nx = warpgroup_mma(qn_hi, kn_hi.index(nb).permute((1, 0)), s_nx, is_async=True)
-    s_nx = warpgroup_mma(qp_s, kp_s.index(nb).permute((1, 0)), s_nx, is_async=True)
+    s_nx = _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, nb, zero_s)
     mbarrier.wait(ready.index(j % NUM_STAGES), (j // NUM_STAGES) & 1)  # (this group's view of tile j)
     mbarrier.wait(pub.index(q), (j // 2) & 1)  # P_j, the maximum after tile j, the scale
     fence_async_shared()
@@ -552,9 +562,7 @@ def _ss_loop(ME: gl.constexpr, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, 
     if ME == 0:  # group 0 owns tile 0: its S first
         mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
         fence_async_shared()
-        s = warpgroup_mma(qn_lo, kn_lo.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        s = warpgroup_mma(qn_hi, kn_hi.index(0).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qp_s, kp_s.index(0).permute((1, 0)), s, is_async=True)
+        s = _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, 0, zero_s)
         s = warpgroup_mma_wait(0, deps=[s])
     for i in range(gl.cdiv(n_tiles, 2)):
         j = 2 * i
@@ -599,14 +607,8 @@ def _ss_group_1(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem
     acc, m_i, l_i = _ss_loop(1, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem0, p_smem1, m_smem, a_smem, ready, kfree,
                              pub, pfree, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
                              n_tiles, qk_scale, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
-    O_L: gl.constexpr = acc.type.layout
-    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
-    l_i, l_o = _ss_row_sums(1, l_i, l_smem, fin, ROW_O)
-    o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
-    rows = gl.arange(0, BLOCK_M, layout=ROW_O)
-    dst = PART_O + (part_row0 + rows).to(gl.int64)[:, None] * 512 + 256 \
-        + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :]
-    gl.store(dst, o, mask=(pid_m * BLOCK_M + rows < n_rows)[:, None])
+    l_i, l_o = _ss_row_sums(1, l_i, l_smem, fin, gl.SliceLayout(1, acc.type.layout))
+    _store_partial_hi(acc, gl.where(l_o > 0.0, l_o, 1.0), PART_O, part_row0, n_rows - pid_m * BLOCK_M, BLOCK_M)
 
 
 @gluon.jit
