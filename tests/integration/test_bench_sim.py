@@ -93,7 +93,9 @@ def test_measured_rates_match_the_simulators_truth(sim_factory):
         {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     )
     contexts = [1400, 4000, 11000, 16000]
-    gen = 48
+    # The decode window runs from the first token to the last. Either end can arrive a few ms late on
+    # a busy 2-core machine, so the window must be long against that: 160 tokens is 0.34 s at 1.4k.
+    gen = 160
     # Three repeats: the medians shrug off a neighbour process stealing the CPU for a moment.
     with BenchClient(sim.url) as client:
         result = run_sweep(SweepSettings(contexts=contexts, gen=gen, repeats=3), client)
@@ -126,7 +128,8 @@ def test_concurrent_streams_queue_their_prefills_and_decode_side_by_side(sim_fac
         ACCURACY_TIME_FACTOR,
         {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     )
-    context, streams, gen = 8000, 4, 24
+    # 120 tokens: each stream's decode window (1.1 s) is long against a stall of a few tens of ms.
+    context, streams, gen = 8000, 4, 120
     with BenchClient(sim.url) as client:
         result = run_concurrency(client, context, streams, gen)
     truth = _truth(context, gen, 4096, ACCURACY_TIME_FACTOR)
