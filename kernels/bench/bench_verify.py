@@ -1,10 +1,11 @@
 """Verify attention: ours next to SGLang's Triton verify path (extend_attention_fwd with a tree mask),
 same inputs, one run, on one GPU.
 
-    PEER_DIR=.peer python kernels/bench/bench_verify.py [--sweep] [--quick]
+    PEER_DIR=.peer python kernels/bench/bench_verify.py [--sweep] [--quick] [--kv-dtype fp8_e4m3]
 
 Per point (bs requests, h heads, t draft tokens each, prefix L_b, page_size 1 scattered slots):
-  bytes = sum_b (L_b + t) * 576 * 2            each latent row read once (q, out: < 1%, left out)
+  bytes = sum_b (L_b * 576 * s + t * 576 * 2)  each latent row read once, s = 2 (bf16 pool) or
+                                               1 (fp8 pool); draft latents bf16 (q, out: < 1%)
   flops = sum_b 2 * t * h * (L_b + t) * (576 + 512)   Q.K^T over 576 + P.V over 512
   floor = max(bytes / copy_bw, flops / mm_rate), both ceilings measured in this run
           (copy_bw: device-to-device copy, bytes read + written; mm_rate: 8192^3 bf16 matmul).
@@ -30,6 +31,9 @@ va = importlib.import_module("dflash_kernels.verify_attention")
 from cases import SM_SCALE, load_peer, make_case, run_peer  # noqa: E402
 
 DK, DV = 576, 512
+# --kv-dtype: the pool's torch dtype; an fp8 pool gets scales (SGLang's k/v descale) on both sides
+KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+FP8_SCALES = dict(k_scale=0.5, v_scale=0.5)
 
 
 def ceilings():
@@ -43,8 +47,8 @@ def ceilings():
     return bw, 2 * 8192**3 / (ms * 1e-3)
 
 
-def work(lens, t, h):
-    byt = sum((L + t) * DK * 2 for L in lens)
+def work(lens, t, h, kv_dtype=torch.bfloat16):
+    byt = sum(L * DK * kv_dtype.itemsize + t * DK * 2 for L in lens)
     fl = sum(2 * t * h * (L + t) * (DK + DV) for L in lens)
     return byt, fl
 
@@ -60,17 +64,22 @@ def graph_ms(f):
     return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
 
 
-def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=False):
+def _scales(kv_dtype):
+    return {} if kv_dtype == torch.bfloat16 else FP8_SCALES
+
+
+def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=False, kv_dtype=torch.bfloat16):
     """Median time of one verify call; rotates input sets so small problems do not sit in L2.
     Returns (eager ms, graph ms, splits) and, with merge_only, the eager time of the merge alone;
     with phases, a dict of graph times of the plan and split kernels alone and the merge alone."""
     cfg = variant
-    byt, _ = work(lens, t, h)
+    byt, _ = work(lens, t, h, kv_dtype)
     n_sets = sets or max(1, min(8, math.ceil(256e6 / byt)))
     cases = [make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain",
-                       pool_extra=1024) for _ in range(n_sets)]
+                       pool_extra=1024, kv_dtype=kv_dtype) for _ in range(n_sets)]
     c0 = cases[0]
-    _, ns, _ = va.plan(c0["q"], len(lens), t, None, cfg)
+    scales = _scales(kv_dtype)
+    _, ns, _ = va.plan(c0["q"], len(lens), t, None, cfg, plain_pool=va.is_plain_pool(kv_dtype, **scales))
     ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
     outs = [torch.empty(c["q"].shape[0], h, DV, dtype=torch.bfloat16, device="cuda") for c in cases]
     it = [0]
@@ -81,7 +90,7 @@ def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=Fals
         c = cases[i]
         va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"],
                             c["qo_indptr"], c["tree_mask"], SM_SCALE, out=outs[i], workspace=ws,
-                            max_q_len=t, num_splits=ns, config=cfg, _phases=_phases)
+                            max_q_len=t, num_splits=ns, config=cfg, _phases=_phases, **scales)
 
     ms = triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
     it[0] = 0
@@ -99,11 +108,12 @@ def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=Fals
     return ms, ms_g, ns
 
 
-def time_peer(peer, lens, t, h):
-    c = make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024)
+def time_peer(peer, lens, t, h, kv_dtype=torch.bfloat16):
+    c = make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024, kv_dtype=kv_dtype)
     out = torch.empty(c["q"].shape[0], h, DV, dtype=torch.bfloat16, device="cuda")
-    run_peer(peer, c, out)  # compile
-    return triton.testing.do_bench(lambda: run_peer(peer, c, out), warmup=25, rep=200,
+    scales = _scales(kv_dtype)
+    run_peer(peer, c, out, **scales)  # compile
+    return triton.testing.do_bench(lambda: run_peer(peer, c, out, **scales), warmup=25, rep=200,
                                    return_mode="median")
 
 
@@ -112,14 +122,19 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time several configs at 128k first")
     ap.add_argument("--quick", action="store_true", help="fewer lengths")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="bf16",
+                    help="the pool's dtype (fp8: scaled, the Triton-language kernel on sm_90)")
     a = ap.parse_args()
+    kv_dtype = KV_DTYPES[a.kv_dtype]
+    if a.sweep and kv_dtype != torch.bfloat16:
+        ap.error("--sweep times the bf16 configs; leave it out with --kv-dtype fp8_e4m3")
 
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     bw, mm = ceilings()
     head = dict(device=torch.cuda.get_device_name(), sms=props.multi_processor_count,
                 date=datetime.date.today().isoformat(), triton=triton.__version__,
-                torch=torch.__version__, copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12)
+                torch=torch.__version__, copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12, kv_dtype=a.kv_dtype)
     print(json.dumps(head))
     peer = None if a.no_peer else load_peer()
     result = dict(head=head, sweep=[], rows=[])
@@ -161,9 +176,9 @@ def main():
     result["table_variants"] = {t: str(v) for t, (us, v) in best.items()}
     for lens, t in points:
         h = 8
-        ms, ms_g, ns = time_ours(lens, t, h, best[t][1] if t in best else None)
-        pms = time_peer(peer, lens, t, h) if peer is not None else float("nan")
-        byt, fl = work(lens, t, h)
+        ms, ms_g, ns = time_ours(lens, t, h, best[t][1] if t in best else None, kv_dtype=kv_dtype)
+        pms = time_peer(peer, lens, t, h, kv_dtype) if peer is not None else float("nan")
+        byt, fl = work(lens, t, h, kv_dtype)
         floor = max(byt / bw, fl / mm) * 1e3
         r = dict(bs=len(lens), lens=lens, t=t, h=h, splits=ns, ours_us=ms * 1e3,
                  ours_graph_us=ms_g * 1e3, peer_us=pms * 1e3, floor_us=floor * 1e3,

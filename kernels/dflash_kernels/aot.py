@@ -38,6 +38,11 @@ _SPLIT_SIG = {
     "stride_qt": "i32", "stride_qh": "i32", "stride_kext": "i32", "stride_kv": "i32",
     "stride_mask": "i32", "rows_max": "i32", "NUM_SPLITS": "i32", "BATCH": "i32",
 }
+# the Triton-language split kernel also takes the pool's scales (the Gluon kernels read unscaled bf16)
+_SCALES_SIG = {"k_scale": "fp32", "v_scale": "fp32"}
+# Pool dtypes the split kernel is built for: name suffix -> Triton's pointer type. A bf16 pool runs
+# the arch's config; an fp8 pool the Triton-language kernel (sm_90's fallback config there).
+KV_POOL_TYPES = {"": "*bf16", "_fp8e4m3": "*fp8e4nv", "_fp8e5m2": "*fp8e5"}
 _MERGE_SIG = {
     "PART_O": "*fp32", "PART_LSE": "*fp32", "PLAN": "*i32", "QO_INDPTR": "*i32",
     "OUT": "*bf16", "LSE": "*fp32",
@@ -63,20 +68,39 @@ def _arch_key(arch: int) -> str:
 
 
 def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
-    """(name, fn, signature, constexprs, options) for the three kernels at one arch, head count
-    and batch bucket."""
-    cfg = va.CONFIGS[_arch_key(arch)]
+    """(name, fn, signature, constexprs, options) of every kernel the launcher runs at one arch,
+    head count and batch bucket: plan, split (per pool dtype) and merge."""
+    plain_cfg, fp8_cfg = _pool_config(arch, "*bf16"), _pool_config(arch, "*fp8e4nv")
+    plans = [("verify_plan", *_with_sig(va.plan_kernel(plain_cfg, bs_pad), _PLAN_SIG))]
+    if va.plan_kernel(fp8_cfg, bs_pad) != va.plan_kernel(plain_cfg, bs_pad):
+        # sm_90: fp8 (and scaled) pools run another config, whose tiles make another plan
+        plans.append(("verify_plan_fp8", *_with_sig(va.plan_kernel(fp8_cfg, bs_pad), _PLAN_SIG)))
     merges = []
     for tile in (va.MERGE_TILE_FEW, va.MERGE_TILE_MANY):  # the launcher picks one (merge_tile)
         tag = f"_d{tile[0]}c{tile[1]}"
         # with and without the LSE output (SGLang's verify call asks for none)
         merges += [("verify_merge" + tag, *_with_sig(va.merge_kernel(heads, True, tile), _MERGE_SIG)),
                    ("verify_merge_nolse" + tag, *_with_sig(va.merge_kernel(heads, False, tile), _MERGE_SIG))]
-    return [
-        ("verify_plan", *_with_sig(va.plan_kernel(cfg, bs_pad), _PLAN_SIG)),
-        ("verify_split", *_with_sig(va.split_kernel(cfg, heads), _SPLIT_SIG)),
-        *merges,
-    ]
+    splits = [("verify_split" + suffix, *_split_spec(arch, heads, kv_type)) for suffix, kv_type in KV_POOL_TYPES.items()]
+    return [*plans, *splits, *merges]
+
+
+def _pool_config(arch: int, kv_type: str) -> va.VerifyConfig:
+    """The config the launcher runs for a pool of kv_type (the Gluon one on sm_90 for bf16, which
+    this build always compiles)."""
+    if kv_type == "*bf16":
+        return va.CONFIGS[_arch_key(arch)]
+    return va.config_for_arch(arch // 10, arch % 10, plain_pool=False)
+
+
+def _split_spec(arch: int, heads: int, kv_type: str):
+    """(fn, signature, constexprs, options) of the split kernel the launcher runs for a pool of kv_type."""
+    cfg = _pool_config(arch, kv_type)
+    fn, const, opts = va.split_kernel(cfg, heads)
+    sig = dict(_SPLIT_SIG, KV=kv_type)
+    if not cfg.gluon:
+        sig.update(_SCALES_SIG)
+    return fn, sig, const, opts
 
 
 def _with_sig(spec, signature):
@@ -118,11 +142,12 @@ def build(archs, out_dir: str, heads=(8, 16), bs_pads=BS_PADS, triton_cache: str
         jobs = []
         for h in heads:
             for name, fn, sig, const, opts in kernel_specs(arch, h):
-                if name != "verify_plan":  # the plan kernel depends on the batch bucket alone
+                if not name.startswith("verify_plan"):  # plan kernels depend on the batch bucket alone
                     jobs.append((f"{name}_h{h}", fn, sig, const, opts, name))
         for bp in bs_pads:
-            name, fn, sig, const, opts = kernel_specs(arch, heads[0], bp)[0]
-            jobs.append((f"{name}_b{bp}", fn, sig, const, opts, name))
+            for name, fn, sig, const, opts in kernel_specs(arch, heads[0], bp):
+                if name.startswith("verify_plan"):
+                    jobs.append((f"{name}_b{bp}", fn, sig, const, opts, name))
         for stem, fn, sig, const, opts, name in jobs:
             k = compile_one(fn, sig, const, arch, opts)
             cubin = os.path.join(sub, stem + ".cubin")

@@ -27,7 +27,8 @@ va = importlib.import_module(".verify_attention", __package__)
 
 # Shared memory per block (bytes) and threads per block the stand-in reports, by architecture.
 _MAX_SHARED = {90: 232448, 120: 101376}
-# The launches SGLang's verify makes: batch sizes whose plan buckets differ, with and without LSE.
+# The launches SGLang's verify makes: batch sizes whose plan buckets differ, with and without LSE,
+# for each pool dtype (--kv-cache-dtype auto, fp8_e4m3, fp8_e5m2).
 CHECK_BATCHES = (1, 3, 8, 48)
 
 
@@ -66,9 +67,10 @@ class CompileOnlyDriver:
 
 
 def _jit_kernels(arch: int) -> list:
-    """The JIT functions the launcher calls for `arch` (the split kernel its config picks)."""
-    split = va.split_kernel(va.config_for_arch(arch // 10, arch % 10), heads=8)[0]
-    return [va._verify_plan_kernel, split, va._verify_merge_kernel]
+    """The JIT functions the launcher calls for `arch` (the split kernels its configs pick for a
+    plain bf16 pool and for an fp8 one)."""
+    splits = {va.split_kernel(va.config_for_arch(arch // 10, arch % 10, plain), heads=8)[0] for plain in (True, False)}
+    return [va._verify_plan_kernel, *splits, va._verify_merge_kernel]
 
 
 @contextlib.contextmanager
@@ -108,29 +110,34 @@ def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
 
 
 def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, with_lse: bool,
-                       device: str = "cpu") -> None:
-    """One verify call with SGLang's argument types (int32 indices, bf16 latents) and the config
-    the launcher picks for `arch`, as SGLang's plugin gets it."""
-    cfg = va.config_for_arch(arch // 10, arch % 10)
+                       kv_dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> None:
+    """One verify call with SGLang's argument types (int32 indices, bf16 draft latents, a pool of
+    kv_dtype, with scales when it is fp8) and the config the launcher picks for `arch`, as
+    SGLang's plugin gets it."""
+    scale = 1.0 if kv_dtype == torch.bfloat16 else 0.5
+    cfg = va.config_for_arch(arch // 10, arch % 10, va.is_plain_pool(kv_dtype, scale, scale))
     n_tok = batch * draft_tokens
     q = torch.zeros(n_tok, heads, va.D_LATENT, dtype=torch.bfloat16, device=device)
-    pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device)
+    pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device).to(kv_dtype)
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device=device)
     qo_indptr = torch.arange(0, n_tok + 1, draft_tokens, dtype=torch.int32, device=device)
     mask = torch.zeros(n_tok, (draft_tokens + 31) // 32, dtype=torch.int32, device=device)
     lse = torch.zeros(n_tok, heads, dtype=torch.float32, device=device) if with_lse else None
     va.verify_attention(q, torch.zeros(n_tok, va.D_LATENT, dtype=torch.bfloat16, device=device), pool,
                         torch.zeros(batch, dtype=torch.int32, device=device), indptr, qo_indptr, mask, 0.07,
-                        lse=lse, max_q_len=draft_tokens, num_splits=132, config=cfg)
+                        lse=lse, max_q_len=draft_tokens, num_splits=132, config=cfg, k_scale=scale, v_scale=scale)
 
 
-def check_cases(heads=(8, 16), batches=CHECK_BATCHES, draft_tokens=(16, 64)):
-    return [(h, b, t, lse) for h in heads for b in batches for t in draft_tokens for lse in (False, True)]
+def check_cases(heads=(8, 16), batches=CHECK_BATCHES, draft_tokens=(16, 64), kv_dtypes=va.KV_DTYPES):
+    return [(h, b, t, lse, kv) for h in heads for b in batches for t in draft_tokens for lse in (False, True)
+            for kv in kv_dtypes]
 
 
 def _misses(arch: int, case: tuple, events: list[tuple[str, bool]]) -> list[str]:
-    h, batch, t, with_lse = case
-    return [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse})" for name, hit in events if not hit]
+    h, batch, t, with_lse, kv_dtype = case
+    pool = str(kv_dtype).removeprefix("torch.")
+    return [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse}, pool={pool})"
+            for name, hit in events if not hit]
 
 
 def cache_misses(arch: int, heads=(8, 16)) -> list[str]:

@@ -54,7 +54,10 @@ class MlaVerify:
     @staticmethod
     def unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, k_descale, v_descale, logit_cap,
                     sliding_window_size, sinks, window_kv_offsets, xai_temperature_len):
+        import importlib
+
         import torch
+        va = importlib.import_module(".verify_attention", __package__)
         if not q.is_cuda:
             return "not on a CUDA device"
         if q.dim() != 3 or q.shape[-1] != 576 or q.dtype != torch.bfloat16:
@@ -64,15 +67,15 @@ class MlaVerify:
         kb = k_buffer
         if kb.dim() == 3 and kb.shape[1] == 1:
             kb = kb[:, 0]
-        if kb.dim() != 2 or kb.shape[-1] != 576 or kb.dtype != torch.bfloat16:
-            return f"k_buffer {tuple(k_buffer.shape)} {k_buffer.dtype}: not a bf16 latent pool (fp8 KV not served)"
+        if kb.dim() != 2 or kb.shape[-1] != 576 or kb.dtype not in va.KV_DTYPES:
+            return f"k_buffer {tuple(k_buffer.shape)} {k_buffer.dtype}: not a bf16 or fp8 latent pool"
+        if kb.dtype != torch.bfloat16 and torch.cuda.get_device_capability(q.device) < (8, 9):
+            return f"k_buffer {kb.dtype}: fp8 needs compute capability 8.9 or newer"
         # V must be the first 512 latent values: MLA's pool hands out a view of the same rows
         if v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.stride(0) != k_buffer.stride(0):
             return "v_buffer is not a view of k_buffer"
         if k.reshape(k.shape[0], -1).shape[-1] != 576 or k.dtype != torch.bfloat16:
             return f"k {tuple(k.shape)} {k.dtype}: not bf16 latents"
-        if float(k_descale or 1.0) != 1.0 or float(v_descale or 1.0) != 1.0:
-            return "k/v descale != 1"
         if logit_cap not in (None, 0, 0.0):
             return "logit cap"
         if sliding_window_size is not None and sliding_window_size > 0:
@@ -101,12 +104,13 @@ class MlaVerify:
                                  sm_scale, logit_cap=logit_cap, sliding_window_size=sliding_window_size,
                                  sinks=sinks, window_kv_offsets=window_kv_offsets,
                                  xai_temperature_len=xai_temperature_len, max_bs=max_bs, **unknown)
+        # (SGLang passes the layer's k/v scales, or 1.0 when the pool is not scaled)
         self._run(q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
-                  mask_indptr, int(max_extend_len), sm_scale)
+                  mask_indptr, int(max_extend_len), sm_scale, float(k_descale or 1.0), float(v_descale or 1.0))
         return True
 
     def _run(self, q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
-             mask_indptr, max_q_len, sm_scale):
+             mask_indptr, max_q_len, sm_scale, k_scale, v_scale):
         import importlib
 
         import torch
@@ -122,7 +126,7 @@ class MlaVerify:
             tree = va.pack_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, max_q_len, num_tokens=n_tok)
         else:
             tree = chain_or_full_mask(qo_indptr, n_tok, max_q_len, causal)
-        cfg, ns, mq = va.plan(q, batch, max_q_len)
+        cfg, ns, mq = va.plan(q, batch, max_q_len, plain_pool=va.is_plain_pool(k_buffer.dtype, k_scale, v_scale))
         key = (q.device, batch, h, mq, ns)
         ws = self._workspaces.get(key)
         if ws is None:
@@ -130,7 +134,7 @@ class MlaVerify:
         scale = sm_scale if sm_scale is not None else 576 ** -0.5  # SGLang's default: 1/sqrt(Lq)
         va.verify_attention(q, k.reshape(n_tok, 576), k_buffer, kv_indices, kv_indptr, qo_indptr, tree,
                             float(scale), out=o.view(n_tok, h, 512), workspace=ws, max_q_len=mq,
-                            num_splits=ns, config=cfg)
+                            num_splits=ns, config=cfg, k_scale=k_scale, v_scale=v_scale)
 
 
 def chain_or_full_mask(qo_indptr, num_tokens: int, max_q_len: int, causal: bool):

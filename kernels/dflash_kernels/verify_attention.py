@@ -28,6 +28,8 @@ Layout decisions:
     its row block: KV traffic does not grow with t or h.
   * Each latent row is loaded once per tile and used for both Q.K^T (all 576 values) and P.V
     (its first 512 values).
+  * An fp8 pool is widened to bf16 as it is loaded (exact), so both dots stay bf16; its scales
+    (SGLang's k/v descale) fold into the program's score scale and its partial output.
   * Split-KV, balanced over the batch: the prefixes of all requests are cut into slices of one
     size (about total / NUM_SPLITS tokens, a multiple of BLOCK_N, at least MIN_CHUNK), so a long
     request gets many slices and a short one few. A one-program kernel (``_verify_plan_kernel``)
@@ -154,6 +156,47 @@ def _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv):
     return lo, hi, k_base, k_stride
 
 
+@triton.jit
+def _attend_keys(q_nope, q_pe, m_i, l_i, acc, lo, hi, k_base, k_stride, is_draft, idx_ptr, qo_start,
+                 mask_row, row_ok, qk_scale, BLOCK_N: tl.constexpr, IDX_AHEAD: tl.constexpr):
+    """Online softmax of one program's query rows over its keys lo..hi, BLOCK_N at a time:
+      prefix slice: keys at pool slots idx_ptr[lo:hi], all visible;
+      draft block:  keys are the request's draft latents (rows qo_start + j of k_base), visible
+                    as the tree mask says.
+    Keys of an fp8 pool are widened to bf16 as they are loaded (exact), so both dots stay bf16."""
+    offs_dn = tl.arange(0, 512)
+    offs_dp = 512 + tl.arange(0, 64)
+    offs_n = tl.arange(0, BLOCK_N)
+    if IDX_AHEAD:
+        # the slot indices of the next tile are loaded one iteration ahead, so that the latent
+        # gather of a tile does not wait for its own index load
+        slot_nx = tl.load(idx_ptr + lo + offs_n, mask=(lo + offs_n < hi) & (not is_draft), other=0)
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + offs_n
+        col_ok = cols < hi
+        if IDX_AHEAD:
+            slot = slot_nx
+            slot_nx = tl.load(idx_ptr + cols + BLOCK_N, mask=(cols + BLOCK_N < hi) & (not is_draft), other=0)
+        else:
+            slot = tl.load(idx_ptr + cols, mask=col_ok & (not is_draft), other=0)
+        slot = tl.where(is_draft, qo_start + cols, slot).to(tl.int64)
+        k_row = k_base + slot * k_stride
+        kn = tl.load(k_row[:, None] + offs_dn[None, :], mask=col_ok[:, None], other=0.0).to(tl.bfloat16)
+        kp = tl.load(k_row[:, None] + offs_dp[None, :], mask=col_ok[:, None], other=0.0).to(tl.bfloat16)
+        # tree mask: a draft tile starts at a multiple of BLOCK_N, so it spans one 32-bit word
+        # per row (two when BLOCK_N = 64); prefix programs load nothing here
+        w0 = tl.load(mask_row + (n0 >> 5), mask=row_ok & is_draft, other=0)
+        if BLOCK_N > 32:
+            w1 = tl.load(mask_row + (n0 >> 5) + 1, mask=row_ok & is_draft & (n0 + 32 < hi), other=0)
+            word = tl.where(((cols >> 5) & 1)[None, :] == 0, w0[:, None], w1[:, None])
+        else:
+            word = w0[:, None]
+        bit = (word >> (cols & 31)[None, :]) & 1
+        visible = ((bit != 0) | (not is_draft)) & col_ok[None, :]
+        m_i, l_i, acc = _online_softmax_step(q_nope, q_pe, kn, kp, visible, m_i, l_i, acc, qk_scale)
+    return m_i, l_i, acc
+
+
 @triton.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
 def _verify_split_kernel(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
@@ -161,11 +204,16 @@ def _verify_split_kernel(
     qk_scale,
     stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
     rows_max, NUM_SPLITS, BATCH,
+    k_scale, v_scale,
     NUM_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IDX_AHEAD: tl.constexpr,
 ):
+    """One program: BLOCK_M query rows x one prefix slice (or the request's draft block) ->
+    partial output and log2-sum-exp2. The pool KV (bf16 or fp8) holds latent / scale: its
+    scores are multiplied by k_scale and its values by v_scale, as SGLang's extend kernel does;
+    the draft latents K_EXT (bf16) are not scaled."""
     pid_m = tl.program_id(0)  # block of query rows (fastest: blocks of one slice share its KV in L2)
     pid_s = tl.program_id(1)  # slot: prefix slice (< NUM_SPLITS + BATCH) or a request's draft block
 
@@ -186,7 +234,6 @@ def _verify_split_kernel(
     head = offs_m % NUM_HEADS
     offs_dn = tl.arange(0, 512)
     offs_dp = 512 + tl.arange(0, 64)
-    offs_n = tl.arange(0, BLOCK_N)
 
     q_row = Q + (qo_start + tok).to(tl.int64) * stride_qt + head * stride_qh
     q_nope = tl.load(q_row[:, None] + offs_dn[None, :], mask=row_ok[:, None], other=0.0)
@@ -196,43 +243,28 @@ def _verify_split_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, 512], tl.float32)
 
-    # One loop serves both kinds of program, so the compiler pipelines a single loop:
-    #   prefix slice: keys at pool slots kv_indices[lo:hi], all visible;
-    #   draft block:  keys are the request's t_b draft latents, visible as the tree mask says.
-    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
     idx_ptr = KV_INDICES + kv_start
     mask_row = TREE_MASK + (qo_start + tok).to(tl.int64) * stride_mask
-    if IDX_AHEAD:
-        # the slot indices of the next tile are loaded one iteration ahead, so that the latent
-        # gather of a tile does not wait for its own index load
-        slot_nx = tl.load(idx_ptr + lo + offs_n, mask=(lo + offs_n < hi) & (not is_draft), other=0)
-    for n0 in range(lo, hi, BLOCK_N):
-        cols = n0 + offs_n
-        col_ok = cols < hi
-        if IDX_AHEAD:
-            slot = slot_nx
-            slot_nx = tl.load(idx_ptr + cols + BLOCK_N, mask=(cols + BLOCK_N < hi) & (not is_draft), other=0)
+    prefix_qk_scale = qk_scale * k_scale
+    if KV.dtype.element_ty == K_EXT.dtype.element_ty:
+        # One loop serves both kinds of program (the key rows come from K_EXT or KV), so the
+        # compiler pipelines a single loop.
+        lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
+        m_i, l_i, acc = _attend_keys(q_nope, q_pe, m_i, l_i, acc, lo, hi, k_base, k_stride, is_draft, idx_ptr,
+                                     qo_start, mask_row, row_ok, tl.where(is_draft, qk_scale, prefix_qk_scale),
+                                     BLOCK_N, IDX_AHEAD)
+    else:
+        # an fp8 pool beside bf16 draft latents: pointers of two types, so a loop for each
+        if is_draft:
+            m_i, l_i, acc = _attend_keys(q_nope, q_pe, m_i, l_i, acc, 0, t_b, K_EXT, stride_kext, is_draft,
+                                         idx_ptr, qo_start, mask_row, row_ok, qk_scale, BLOCK_N, IDX_AHEAD)
         else:
-            slot = tl.load(idx_ptr + cols, mask=col_ok & (not is_draft), other=0)
-        slot = tl.where(is_draft, qo_start + cols, slot).to(tl.int64)
-        k_row = k_base + slot * k_stride
-        kn = tl.load(k_row[:, None] + offs_dn[None, :], mask=col_ok[:, None], other=0.0)
-        kp = tl.load(k_row[:, None] + offs_dp[None, :], mask=col_ok[:, None], other=0.0)
-        # tree mask: a draft tile starts at a multiple of BLOCK_N, so it spans one 32-bit word
-        # per row (two when BLOCK_N = 64); prefix programs load nothing here
-        w0 = tl.load(mask_row + (n0 >> 5), mask=row_ok & is_draft, other=0)
-        if BLOCK_N > 32:
-            w1 = tl.load(mask_row + (n0 >> 5) + 1, mask=row_ok & is_draft & (n0 + 32 < hi), other=0)
-            word = tl.where(((cols >> 5) & 1)[None, :] == 0, w0[:, None], w1[:, None])
-        else:
-            word = w0[:, None]
-        bit = (word >> (cols & 31)[None, :]) & 1
-        visible = ((bit != 0) | (not is_draft)) & col_ok[None, :]
-        m_i, l_i, acc = _online_softmax_step(q_nope, q_pe, kn, kp, visible, m_i, l_i, acc, qk_scale)
+            m_i, l_i, acc = _attend_keys(q_nope, q_pe, m_i, l_i, acc, lo, hi, KV, stride_kv, is_draft,
+                                         idx_ptr, qo_start, mask_row, row_ok, prefix_qk_scale, BLOCK_N, IDX_AHEAD)
 
     # -- partial result: normalised output and log2-sum-exp2 of this slice --
     has = l_i > 0.0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    o = acc * (tl.where(is_draft, 1.0, v_scale) / tl.where(has, l_i, 1.0))[:, None]
     lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     part = pid_s.to(tl.int64) * rows_max + offs_m
     tl.store(PART_O + part[:, None] * 512 + offs_dn[None, :], o, mask=row_ok[:, None])
@@ -354,6 +386,9 @@ def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> tuple[int, int
 
 
 PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
+# KV pool dtypes the launcher takes (SGLang's --kv-cache-dtype auto/bf16, fp8_e4m3, fp8_e5m2);
+# fp8 values widen to bf16 exactly, so the dots stay bf16.
+KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) if torch is not None else ()
 
 
 # sm_90 where verify_gluon.py cannot be imported (a Triton other than the one it is written for:
@@ -406,9 +441,16 @@ def merge_kernel(heads: int, write_lse: bool, tile: tuple[int, int]):
     return _verify_merge_kernel, const, dict(num_warps=MERGE_NUM_WARPS, num_stages=1)
 
 
-def config_for_arch(major: int, minor: int = 0) -> VerifyConfig:
+def is_plain_pool(kv_dtype, k_scale: float = 1.0, v_scale: float = 1.0) -> bool:
+    """A bf16 pool without scales: the one pool the Gluon split kernels read."""
+    return kv_dtype == torch.bfloat16 and k_scale == 1.0 and v_scale == 1.0
+
+
+def config_for_arch(major: int, minor: int = 0, plain_pool: bool = True) -> VerifyConfig:
+    """plain_pool: the KV pool is bf16 and unscaled, what the Gluon kernels read; an fp8 or a
+    scaled pool takes the Triton-language kernel on sm_90 too."""
     if major == 9:
-        return CONFIGS["sm90"] if gluon_available() else SM90_TRITON
+        return CONFIGS["sm90"] if plain_pool and gluon_available() else SM90_TRITON
     if major >= 12:
         return CONFIGS["sm120"]
     return CONFIGS["sm80"]
@@ -472,10 +514,11 @@ def alloc_workspace(batch, num_heads, max_q_len, num_splits, device):
 
 
 def plan(q: torch.Tensor, batch: int, max_q_len: int | None = None, num_splits: int | None = None,
-         config: VerifyConfig | None = None, waves: float | None = None):
-    """Static launch plan (config, num_splits, max_q_len) from shapes and the device only."""
+         config: VerifyConfig | None = None, waves: float | None = None, plain_pool: bool = True):
+    """Static launch plan (config, num_splits, max_q_len) from shapes and the device only.
+    plain_pool: False for an fp8 or a scaled KV pool (see ``config_for_arch``)."""
     major, minor, sms = _device_info(q.device)
-    cfg = config or config_for_arch(major, minor)
+    cfg = config or config_for_arch(major, minor, plain_pool)
     h = q.shape[1]
     mq = int(max_q_len) if max_q_len is not None else q.shape[0]
     row_blocks = triton.cdiv(mq * h, cfg.block_m)
@@ -498,6 +541,8 @@ def verify_attention(
     max_q_len: int | None = None,
     num_splits: int | None = None,
     config: VerifyConfig | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     _phases: tuple = ("split", "merge"),
 ) -> torch.Tensor:
     """MLA target-verify attention.
@@ -507,7 +552,8 @@ def verify_attention(
          qo_indptr[b] .. qo_indptr[b+1].
       k_extend: (num_tokens, 576) or (num_tokens, 1, 576) bfloat16, the draft tokens' own latents
          (row r is the latent of draft token r), as SGLang passes them beside the pool.
-      kv_cache: (pool_tokens, 576) or (pool_tokens, 1, 576) bfloat16, the latent pool.
+      kv_cache: (pool_tokens, 576) or (pool_tokens, 1, 576) bfloat16, float8_e4m3fn or
+         float8_e5m2, the latent pool; it holds latent / scale (see k_scale, v_scale).
       kv_indices: (>= kv_indptr[-1],) int32 or int64, the pool slot of every prefix token
          (token-level for any page size, as SGLang's Triton backend builds them).
       kv_indptr: (batch + 1,) int32, prefix of request b is kv_indices[kv_indptr[b]:kv_indptr[b+1]].
@@ -522,6 +568,10 @@ def verify_attention(
          graph capture: without it this call allocates).
       max_q_len: static upper bound on t_b (default num_tokens). Sets the grid; graph-safe.
       num_splits: prefix slices per request (default: fill the chip once for this batch size).
+      k_scale, v_scale: the pool's scales, as SGLang's ``k_descale`` / ``v_descale``: scores of
+         pool keys are multiplied by k_scale and P.V over pool values by v_scale; the draft
+         latents are not scaled. An fp8 or a scaled pool runs the Triton-language kernel (sm_89
+         and newer for fp8).
     Returns ``out``.
     """
     # -- validation --
@@ -536,11 +586,17 @@ def verify_attention(
     n_tok, h, _ = q.shape
     k_ext = _latent_2d(k_extend, "k_extend")
     kv = _latent_2d(kv_cache, "kv_cache")
+    if k_ext.dtype != torch.bfloat16:
+        raise TypeError(f"k_extend: expected bfloat16, got {k_ext.dtype}")
+    if kv.dtype not in KV_DTYPES:
+        raise TypeError(f"kv_cache: expected one of {', '.join(map(str, KV_DTYPES))}, got {kv.dtype}")
     for name, x in (("k_extend", k_ext), ("kv_cache", kv)):
-        if x.dtype != torch.bfloat16:
-            raise TypeError(f"{name}: expected bfloat16, got {x.dtype} (fp8 KV is not supported yet)")
         if x.device != q.device:
             raise ValueError(f"{name}: on {x.device}, q on {q.device}")
+    plain_pool = is_plain_pool(kv.dtype, k_scale, v_scale)
+    if kv.dtype != torch.bfloat16 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
+        raise TypeError(f"kv_cache: {kv.dtype} needs a GPU of compute capability 8.9 or newer "
+                        "(Triton has no fp8 before it); use a bfloat16 pool")
     if k_ext.shape[0] != n_tok:
         raise ValueError(f"k_extend: {k_ext.shape[0]} rows, q has {n_tok} tokens")
     if kv_indices.dtype not in (torch.int32, torch.int64) or kv_indices.dim() != 1:
@@ -553,7 +609,10 @@ def verify_attention(
     batch = qo_indptr.shape[0] - 1
     if batch < 1 or kv_indptr.shape[0] != batch + 1:
         raise ValueError(f"qo_indptr ({qo_indptr.shape[0]}) and kv_indptr ({kv_indptr.shape[0]}) must both be batch + 1 >= 2 long")
-    cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config)
+    cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config, plain_pool=plain_pool)
+    if cfg.gluon and not plain_pool:
+        raise ValueError("config: the Gluon split kernel reads an unscaled bfloat16 pool; leave config=None "
+                         "(or pass SM90_TRITON) for an fp8 or a scaled pool")
     words = triton.cdiv(mq, 32)
     if tree_mask.dtype != torch.int32 or tree_mask.dim() != 2 or tree_mask.shape[0] != n_tok \
             or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:
@@ -588,6 +647,8 @@ def verify_attention(
                       sm_scale * LOG2E,
                       q.stride(0), q.stride(1), k_ext.stride(0), kv.stride(0), tree_mask.stride(0),
                       rows_max, ns, batch)
+        if not cfg.gluon:  # the Triton kernel also reads the pool's scales
+            split_args += (float(k_scale), float(v_scale))
         split_fn, split_const, split_opts = split_kernel(cfg, h)
         split_fn[grid](*split_args, **split_const, **split_opts)
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
@@ -684,9 +745,10 @@ def pack_tree_masks(blocks: list, max_q_len: int | None = None) -> torch.Tensor:
 # 5/ reference
 # ----------------------------------------------------------------------------------------------
 def reference_verify_attention(q, k_extend, kv_cache, kv_indices, kv_indptr, qo_indptr, tree_blocks,
-                               sm_scale):
+                               sm_scale, k_scale=1.0, v_scale=1.0):
     """Plain torch, float32: returns (out (num_tokens, h, 512) float32, lse (num_tokens, h)).
-    tree_blocks: list of per-request (t_b, t_b) bool masks."""
+    tree_blocks: list of per-request (t_b, t_b) bool masks. The pool's keys count k_scale times
+    their stored value and its values v_scale times (SGLang's k/v descale)."""
     k_ext = k_extend.reshape(k_extend.shape[0], D_LATENT).float()
     kv = kv_cache.reshape(-1, D_LATENT)
     qo = qo_indptr.tolist()
@@ -697,7 +759,9 @@ def reference_verify_attention(q, k_extend, kv_cache, kv_indices, kv_indptr, qo_
         if t == 0:
             continue
         idx = kv_indices[kvp[b]:kvp[b + 1]].long()
-        keys = torch.cat([kv[idx].float(), k_ext[qo[b]:qo[b + 1]]], 0)  # (L + t, 576)
+        prefix = kv[idx].float()
+        keys = torch.cat([prefix * k_scale, k_ext[qo[b]:qo[b + 1]]], 0)  # (L + t, 576)
+        values = torch.cat([prefix[:, :D_NOPE] * v_scale, k_ext[qo[b]:qo[b + 1], :D_NOPE]], 0)
         L = idx.shape[0]
         qb = q[qo[b]:qo[b + 1]].float()  # (t, h, 576)
         s = torch.einsum("thd,nd->thn", qb, keys) * sm_scale
@@ -706,6 +770,6 @@ def reference_verify_attention(q, k_extend, kv_cache, kv_indices, kv_indptr, qo_
         s = s.masked_fill(~vis[:, None, :], float("-inf"))
         lse = torch.logsumexp(s, -1)
         p = torch.exp(s - lse[..., None])
-        outs.append(torch.einsum("thn,nd->thd", p, keys[:, :D_NOPE]))
+        outs.append(torch.einsum("thn,nd->thd", p, values))
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)

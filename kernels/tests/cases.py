@@ -20,14 +20,14 @@ def random_parents(t: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def make_case(lens, ts, heads, mask="chain", page_size=1, idx_dtype=torch.int32, device="cuda",
-              seed=None, pool_extra=4096, max_q_len=None):
-    """lens: prefix length per request; ts: draft tokens per request. The pool holds the
-    prefixes at scattered slots (page_size 1: a random permutation; page_size P: random pages,
-    tokens contiguous inside a page) and random rows elsewhere."""
+              seed=None, pool_extra=4096, max_q_len=None, kv_dtype=torch.bfloat16):
+    """lens: prefix length per request; ts: draft tokens per request. The pool (of kv_dtype)
+    holds the prefixes at scattered slots (page_size 1: a random permutation; page_size P:
+    random pages, tokens contiguous inside a page) and random rows elsewhere."""
     gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     n_pages = sum(math.ceil(L / page_size) for L in lens) + pool_extra // page_size + 1
     pool = n_pages * page_size
-    kv = torch.randn(pool, va.D_LATENT, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(pool, va.D_LATENT, generator=gen).to(kv_dtype)
     perm = torch.randperm(n_pages, generator=gen)
     idx, p0 = [], 0
     for L in lens:
@@ -88,14 +88,15 @@ def load_peer():
     return extend_attention_fwd
 
 
-def run_peer(fn, case, out):
-    """SGLang target-verify call: prefix through kv_indices, draft latents beside it."""
+def run_peer(fn, case, out, k_scale=1.0, v_scale=1.0):
+    """SGLang target-verify call: prefix through kv_indices, draft latents beside it; the pool's
+    scales as SGLang's k_descale / v_descale."""
     custom_mask, mask_indptr = sglang_custom_mask(case)
     kv = case["kv_cache"].reshape(-1, 1, va.D_LATENT)
     ke = case["k_extend"].reshape(-1, 1, va.D_LATENT)
     fn(case["q"], ke, ke[..., :va.D_NOPE], out, kv, kv[..., :va.D_NOPE], case["qo_indptr"],
        case["kv_indptr"], case["kv_indices"], custom_mask, False, mask_indptr, case["max_q_len"],
-       1.0, 1.0, sm_scale=SM_SCALE, skip_prefix_custom_mask=True)
+       k_scale, v_scale, sm_scale=SM_SCALE, skip_prefix_custom_mask=True)
     return out
 
 

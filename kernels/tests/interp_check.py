@@ -1,6 +1,8 @@
 """Runs the real Triton kernels on the CPU through Triton's interpreter and prints, as JSON, how
-far they land from the float32 reference. Started by test_interpreter.py in a fresh process,
-because TRITON_INTERPRET must be set before the kernels are defined.
+far they land from the float32 reference; with "peer": true in the spec, SGLang's own
+extend_attention_fwd too (from the peer folder), on the same inputs. Started by
+test_interpreter.py in a fresh process, because TRITON_INTERPRET must be set before the kernels
+are defined.
 
     TRITON_INTERPRET=1 python interp_check.py '{"lens": [40], "ts": [3], "heads": 2, ...}'
 """
@@ -20,21 +22,28 @@ interpreter_shim.install()
 import importlib  # noqa: E402
 
 import torch  # noqa: E402
-from cases import SM_SCALE, make_case, rel_err  # noqa: E402
+from cases import SM_SCALE, load_peer, make_case, rel_err, run_peer  # noqa: E402
 
 va = importlib.import_module("dflash_kernels.verify_attention")
 
 spec = json.loads(sys.argv[1])
 cfg = va.VerifyConfig(**spec["config"])
 case = make_case(spec["lens"], spec["ts"], spec["heads"], mask=spec.get("mask", "tree"), device="cpu",
-                 page_size=spec.get("page_size", 1), pool_extra=64)
+                 page_size=spec.get("page_size", 1), pool_extra=64,
+                 kv_dtype=getattr(torch, spec.get("kv_dtype", "bfloat16")))
+scales = dict(k_scale=spec.get("k_scale", 1.0), v_scale=spec.get("v_scale", 1.0))
 n, h = case["q"].shape[:2]
 out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16)
 lse = torch.full((n, h), float("nan"))
 va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
                     case["qo_indptr"], case["tree_mask"], SM_SCALE, out=out, lse=lse,
-                    max_q_len=case["max_q_len"], num_splits=spec.get("num_splits"), config=cfg)
+                    max_q_len=case["max_q_len"], num_splits=spec.get("num_splits"), config=cfg, **scales)
 ref_o, ref_lse = va.reference_verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
-                                               case["kv_indptr"], case["qo_indptr"], case["blocks"], SM_SCALE)
-print(json.dumps({"nan": bool(torch.isnan(out).any() or torch.isnan(lse).any()),
-                  "rel_err": rel_err(out, ref_o), "lse_err": float((lse - ref_lse).abs().max())}))
+                                               case["kv_indptr"], case["qo_indptr"], case["blocks"], SM_SCALE,
+                                               **scales)
+result = {"nan": bool(torch.isnan(out).any() or torch.isnan(lse).any()),
+          "rel_err": rel_err(out, ref_o), "lse_err": float((lse - ref_lse).abs().max())}
+if spec.get("peer"):
+    theirs = run_peer(load_peer(), case, torch.full_like(out, float("nan")), **scales)
+    result.update(peer_nan=bool(torch.isnan(theirs).any()), peer_rel_err=rel_err(theirs, ref_o))
+print(json.dumps(result))

@@ -15,6 +15,8 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SM120_SMEM_LIMIT = 101376  # 99 KB per block on sm_120 (RTX PRO 6000 / RTX 50xx)
 # the launcher picks a merge tile from the split count and the batch: both are built
 MERGE_NAMES = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in (MERGE_TILE_FEW, MERGE_TILE_MANY)}
+# the split kernel for each pool dtype: bf16, fp8 e4m3, fp8 e5m2
+SPLIT_NAMES = {"verify_split" + suffix for suffix in aot.KV_POOL_TYPES}
 HOPPER_ONLY = re.compile(r"\b(HGMMA|WGMMA|UTMALDG|UTMASTG|UTMAPF|UBLKCP|SYNCS)\b")
 
 
@@ -23,6 +25,11 @@ def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("aot")
     manifest = aot.build((120, 90), str(out), heads=(8,), bs_pads=(8,))
     return out, manifest
+
+
+def _spec(arch, name):
+    """(name, fn, signature, constexprs, options) of one kernel of the AOT build (h = 8)."""
+    return next(spec for spec in aot.kernel_specs(arch, 8) if spec[0] == name)
 
 
 def _sass(path):
@@ -39,7 +46,7 @@ def test_manifest(built):
     assert manifest["archs"] == [120, 90]
     names = {(k["arch"], k["name"]) for k in manifest["kernels"]}
     for arch in (120, 90):
-        for name in {"verify_plan", "verify_split"} | MERGE_NAMES:
+        for name in {"verify_plan"} | SPLIT_NAMES | MERGE_NAMES:
             assert (arch, name) in names
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
@@ -49,14 +56,14 @@ def test_manifest(built):
 def test_sm120_cubin_is_sm120_mma_sync_only(built):
     out, manifest = built
     cubins = sorted(glob.glob(os.path.join(out, "sm_120", "*.cubin")))
-    assert len(cubins) == 6  # plan, split, merge with and without LSE at two tiles
+    assert len(cubins) == 8  # plan, split for three pool dtypes, merge with and without LSE at two tiles
     for c in cubins:
         sass = _sass(c)
         assert re.search(r"code for sm_120a?\b", sass), f"{c}: not sm_120 code"
         bad = set(HOPPER_ONLY.findall(sass))
         assert not bad, f"{c}: Hopper-only instructions {bad}"
-    split = _sass(os.path.join(out, "sm_120", "verify_split_h8.cubin"))
-    assert "HMMA.16816.F32.BF16" in split  # mma.sync tensor-core path
+    for name in SPLIT_NAMES:  # mma.sync tensor-core path; an fp8 pool is widened to bf16 first
+        assert "HMMA.16816.F32.BF16" in _sass(os.path.join(out, "sm_120", name + "_h8.cubin")), name
     for k in manifest["kernels"]:
         if k["arch"] == 120:
             assert k["shared_bytes"] <= SM120_SMEM_LIMIT, k
@@ -78,7 +85,7 @@ def test_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     with open(tmp_path / "manifest.json") as f:
         m = json.load(f)
-    assert {k["name"] for k in m["kernels"]} == {"verify_plan", "verify_split"} | MERGE_NAMES
+    assert {k["name"] for k in m["kernels"]} == {"verify_plan"} | SPLIT_NAMES | MERGE_NAMES
 
 
 def _aot_check(tmp_path, *args):
@@ -92,8 +99,8 @@ def _aot_check(tmp_path, *args):
 def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
     """The image fills a Triton cache with the AOT build and points TRITON_CACHE_DIR at it: the
     launcher's calls (SGLang's argument types, batches 1 to 48, t = 16 and 64, with and without
-    LSE) must find every kernel there, on sm_120 (Triton kernel) and sm_90 (Gluon split kernel),
-    instead of compiling at first use."""
+    LSE, bf16 and fp8 pools) must find every kernel there, on sm_120 (Triton kernel) and sm_90
+    (Gluon split kernel; the Triton kernel for fp8), instead of compiling at first use."""
     r = _aot_check(tmp_path, "--arch", "120", "--arch", "90", "--heads", "8")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "every launcher call finds its prebuilt binary" in r.stdout
@@ -104,7 +111,7 @@ def test_the_check_reports_a_missing_binary(tmp_path):
     r = _aot_check(tmp_path, "--arch", "120", "--heads", "8", "--batch-pad", "2", "--batch-pad", "8",
                    "--batch-pad", "64")
     assert r.returncode == 1
-    assert "MISS: sm_120 _verify_plan_kernel (h=8, batch=3, t=16, lse=False)" in r.stderr
+    assert "MISS: sm_120 _verify_plan_kernel (h=8, batch=3, t=16, lse=False, pool=bfloat16)" in r.stderr
 
 
 def _assert_wgmma_stays_async(ptx, tmp_path):
@@ -125,7 +132,7 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     mbarrier; Q, four K buffers of 32 latents and P fit in the 227 KB of a block."""
     from dflash_kernels import verify_gluon as vg
     va = aot.va
-    name, _, sig, const, _ = aot.kernel_specs(90, 8)[1]
+    _, _, sig, const, _ = _spec(90, "verify_split")
     kernel, ws_const, opts = va.split_kernel(va.CONFIGS["sm90"], 8)  # what sm_90 runs
     assert kernel is vg._verify_split_kernel_gluon_ws
     k = aot.compile_one(kernel, sig, {**const, **ws_const}, 90, opts)
@@ -154,7 +161,7 @@ def test_seesaw_sm90_kernel_builds(tmp_path):
     its wgmma asynchronous."""
     from dflash_kernels import verify_gluon as vg
     va = aot.va
-    name, _, sig, const, _ = aot.kernel_specs(90, 8)[1]
+    _, _, sig, const, _ = _spec(90, "verify_split")
     cfg = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, seesaw=True)
     kernel, ss_const, opts = va.split_kernel(cfg, 8)
     assert kernel is vg._verify_split_kernel_gluon_ss

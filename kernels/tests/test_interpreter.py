@@ -36,9 +36,40 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
     # a 40-node tree: the packed mask spans two 32-bit words, with 64-wide tiles
     dict(lens=[70, 3], ts=[40, 33], heads=1, num_splits=2,
          config=dict(block_m=32, block_n=64, num_warps=4, num_stages=1, min_chunk=64, idx_ahead=True)),
-], ids=["mixed-batch", "chain", "many-splits-paged", "tree-40"])
+    # an fp8 (e4m3) pool with SGLang's k/v scales: scaled prefix, unscaled bf16 draft block, each
+    # in its own loop; far from 1 so that a scale applied to the wrong keys, or not at all, fails
+    dict(lens=[0, 300, 95], ts=[2, 3, 4], heads=8, num_splits=5, kv_dtype="float8_e4m3fn",
+         k_scale=0.37, v_scale=1.9, config=dict(SMALL, idx_ahead=True)),
+    # e5m2 pages, chain mask
+    dict(lens=[40, 33], ts=[3, 3], heads=2, num_splits=6, page_size=16, mask="chain",
+         kv_dtype="float8_e5m2", k_scale=2.5, v_scale=0.6, config=SMALL),
+    # a scaled bf16 pool: the single loop for both kinds of program, with the prefix's scales
+    dict(lens=[200, 7], ts=[5, 2], heads=4, num_splits=4, k_scale=0.5, v_scale=3.0, config=SMALL),
+], ids=["mixed-batch", "chain", "many-splits-paged", "tree-40", "fp8-e4m3-scaled", "fp8-e5m2-paged",
+        "bf16-scaled"])
 def test_kernels_match_reference(spec):
     r = _run(spec)
     assert not r["nan"], "unwritten or NaN output"
     assert r["rel_err"] < TOL, r
     assert r["lse_err"] < 2e-3, r
+
+
+PEER_PRESENT = os.path.isdir(os.path.join(os.environ.get("PEER_DIR", os.path.join(HERE, "..", "..", ".peer")), "sglang"))
+
+
+@pytest.mark.skipif(not PEER_PRESENT, reason="SGLang peer kernels not fetched (fetch_peer.sh)")
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float8_e4m3fn"])
+def test_pool_scales_mean_what_sglang_means(kv_dtype):
+    """SGLang's own extend_attention_fwd, run by the interpreter on the same inputs, with k/v
+    scales far from 1, lands where our reference does: its scores of pool keys carry k_scale,
+    its P.V over pool values v_scale, and the draft block neither. With a bf16 pool both
+    kernels are within the bf16 bound; with fp8, SGLang also casts q and P to fp8, so ours
+    must only be the closer of the two."""
+    r = _run(dict(lens=[50, 7], ts=[4, 3], heads=2, num_splits=3, kv_dtype=kv_dtype, k_scale=0.37, v_scale=1.9,
+                  config=SMALL, peer=True))
+    assert not r["nan"] and not r["peer_nan"], r
+    assert r["rel_err"] < TOL, r
+    if kv_dtype == "bfloat16":
+        assert r["peer_rel_err"] < TOL, r
+    else:
+        assert r["rel_err"] < r["peer_rel_err"] < 0.2, r

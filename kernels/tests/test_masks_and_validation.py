@@ -71,8 +71,14 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv[:, :512], idx, kvp, qop, tm, SM_SCALE)
     with pytest.raises(ValueError, match="k_extend"):
         va.verify_attention(q, ke[:-1], kv, idx, kvp, qop, tm, SM_SCALE)
-    with pytest.raises(TypeError, match="fp8 KV is not supported"):
-        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE)
+    with pytest.raises(TypeError, match="kv_cache: expected one of"):
+        va.verify_attention(q, ke, kv.half(), idx, kvp, qop, tm, SM_SCALE)
+    with pytest.raises(TypeError, match="k_extend: expected bfloat16"):
+        va.verify_attention(q, ke.to(torch.float8_e4m3fn), kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE)
+    with pytest.raises(ValueError, match="Gluon split kernel reads an unscaled bfloat16 pool"):
+        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=va.CONFIGS["sm90"])
+    with pytest.raises(ValueError, match="Gluon split kernel reads an unscaled bfloat16 pool"):
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=va.CONFIGS["sm90"], k_scale=0.5)
     with pytest.raises(TypeError, match="kv_indices"):
         va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="kv_indptr"):
@@ -116,3 +122,12 @@ def test_sm90_falls_back_to_the_triton_kernel_without_gluon(monkeypatch):
     monkeypatch.setattr(va, "_GLUON_OK", None)
     monkeypatch.setattr(va.importlib, "import_module", real_import)
     assert va.config_for_arch(9, 0) == va.CONFIGS["sm90"] and va.CONFIGS["sm90"].gluon  # Triton 3.6 here
+
+
+def test_fp8_or_scaled_pools_take_the_triton_kernel():
+    """The Gluon kernels read an unscaled bf16 pool; every other pool runs the Triton-language
+    kernel, on sm_90 too, and the plan (so the workspace) is made for that kernel."""
+    assert va.is_plain_pool(torch.bfloat16) and not va.is_plain_pool(torch.float8_e4m3fn)
+    assert not va.is_plain_pool(torch.bfloat16, k_scale=0.5) and not va.is_plain_pool(torch.bfloat16, v_scale=2.0)
+    assert va.config_for_arch(9, 0, plain_pool=False) == va.SM90_TRITON
+    assert va.config_for_arch(12, 0, plain_pool=False) == va.CONFIGS["sm120"]
