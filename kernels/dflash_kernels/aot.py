@@ -41,8 +41,15 @@ _SPLIT_SIG = {
 # the Triton-language split kernel also takes the pool's scales (the Gluon kernels read unscaled bf16)
 _SCALES_SIG = {"k_scale": "fp32", "v_scale": "fp32"}
 # Pool dtypes the split kernel is built for: name suffix -> Triton's pointer type. A bf16 pool runs
-# the arch's config; an fp8 pool the Triton-language kernel (sm_90's fallback config there).
+# the arch's config; an fp8 pool the Triton-language kernel (sm_90's fallback config there), on
+# the archs that take fp8 pools (va.fp8_capable).
 KV_POOL_TYPES = {"": "*bf16", "_fp8e4m3": "*fp8e4nv", "_fp8e5m2": "*fp8e5"}
+
+
+def pool_types(arch: int) -> dict[str, str]:
+    """The entries of KV_POOL_TYPES this arch runs."""
+    fp8 = va.fp8_capable(arch // 10, arch % 10)
+    return {k: v for k, v in KV_POOL_TYPES.items() if v == "*bf16" or fp8}
 _MERGE_SIG = {
     "PART_O": "*fp32", "PART_LSE": "*fp32", "PLAN": "*i32", "QO_INDPTR": "*i32",
     "OUT": "*bf16", "LSE": "*fp32",
@@ -72,7 +79,7 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     head count and batch bucket: plan, split (per pool dtype) and merge."""
     plain_cfg, fp8_cfg = _pool_config(arch, "*bf16"), _pool_config(arch, "*fp8e4nv")
     plans = [("verify_plan", *_with_sig(va.plan_kernel(plain_cfg, bs_pad), _PLAN_SIG))]
-    if va.plan_kernel(fp8_cfg, bs_pad) != va.plan_kernel(plain_cfg, bs_pad):
+    if va.fp8_capable(arch // 10, arch % 10) and va.plan_kernel(fp8_cfg, bs_pad) != va.plan_kernel(plain_cfg, bs_pad):
         # sm_90: fp8 (and scaled) pools run another config, whose tiles make another plan
         plans.append(("verify_plan_fp8", *_with_sig(va.plan_kernel(fp8_cfg, bs_pad), _PLAN_SIG)))
     merges = []
@@ -81,7 +88,7 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
         # with and without the LSE output (SGLang's verify call asks for none)
         merges += [("verify_merge" + tag, *_with_sig(va.merge_kernel(heads, True, tile), _MERGE_SIG)),
                    ("verify_merge_nolse" + tag, *_with_sig(va.merge_kernel(heads, False, tile), _MERGE_SIG))]
-    splits = [("verify_split" + suffix, *_split_spec(arch, heads, kv_type)) for suffix, kv_type in KV_POOL_TYPES.items()]
+    splits = [("verify_split" + suffix, *_split_spec(arch, heads, kv_type)) for suffix, kv_type in pool_types(arch).items()]
     return [*plans, *splits, *merges]
 
 

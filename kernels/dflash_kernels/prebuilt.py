@@ -140,10 +140,15 @@ def _misses(arch: int, case: tuple, events: list[tuple[str, bool]]) -> list[str]
             for name, hit in events if not hit]
 
 
+def _pool_dtypes(arch: int) -> tuple:
+    """The pool dtypes the launcher takes on `arch`."""
+    return tuple(d for d in va.KV_DTYPES if d == torch.bfloat16 or va.fp8_capable(arch // 10, arch % 10))
+
+
 def cache_misses(arch: int, heads=(8, 16)) -> list[str]:
     """The launcher's kernels that Triton would compile for `arch` (empty: all prebuilt)."""
     misses = []
-    for case in check_cases(heads):
+    for case in check_cases(heads, kv_dtypes=_pool_dtypes(arch)):
         with compile_only(arch) as events:
             launch_like_sglang(arch, *case)
         misses += _misses(arch, case, events)
@@ -157,7 +162,7 @@ def gpu_cache_misses(heads=(8, 16)) -> tuple[int, list[str]]:
     arch = major * 10 + minor
     misses = []
     with _compilations() as events:
-        for case in check_cases(heads):
+        for case in check_cases(heads, kv_dtypes=_pool_dtypes(arch)):
             start = len(events)
             launch_like_sglang(arch, *case, device="cuda")
             misses += _misses(arch, case, events[start:])

@@ -52,8 +52,8 @@ class MlaVerify:
 
     # -- which calls this kernel serves --
     @staticmethod
-    def unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, k_descale, v_descale, logit_cap,
-                    sliding_window_size, sinks, window_kv_offsets, xai_temperature_len):
+    def unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, logit_cap, sliding_window_size, sinks,
+                    window_kv_offsets, xai_temperature_len):
         import importlib
 
         import torch
@@ -69,8 +69,8 @@ class MlaVerify:
             kb = kb[:, 0]
         if kb.dim() != 2 or kb.shape[-1] != 576 or kb.dtype not in va.KV_DTYPES:
             return f"k_buffer {tuple(k_buffer.shape)} {k_buffer.dtype}: not a bf16 or fp8 latent pool"
-        if kb.dtype != torch.bfloat16 and torch.cuda.get_device_capability(q.device) < (8, 9):
-            return f"k_buffer {kb.dtype}: fp8 needs compute capability 8.9 or newer"
+        if kb.dtype != torch.bfloat16 and not va.fp8_pool_supported(q.device):
+            return f"k_buffer {kb.dtype}: fp8 pools need compute capability 8.9 or newer"
         # V must be the first 512 latent values: MLA's pool hands out a view of the same rows
         if v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.stride(0) != k_buffer.stride(0):
             return "v_buffer is not a view of k_buffer"
@@ -93,8 +93,8 @@ class MlaVerify:
                  sm_scale=None, logit_cap=0.0, sliding_window_size=-1, sinks=None,
                  window_kv_offsets=None, xai_temperature_len=-1, max_bs=None, **unknown):
         reason = "unknown keyword arguments " + ", ".join(sorted(unknown)) if unknown else \
-            self.unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, k_descale, v_descale, logit_cap,
-                             sliding_window_size, sinks, window_kv_offsets, xai_temperature_len)
+            self.unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, logit_cap, sliding_window_size, sinks,
+                             window_kv_offsets, xai_temperature_len)
         self.last_reason = reason
         if reason is not None:
             if self.fallback is None:

@@ -5,7 +5,10 @@ for every request b with prefix length L_b and t_b draft tokens, every draft row
 
     s_j  = sm_scale * <q[i, h, :576], K_j[:576]>        for the L_b prefix latents and the
                                                         draft latents j that row i may see
-    out[i, h, :512] = sum_j softmax(s)_j * K_j[:512]     (V is the first 512 values of K)
+    out[i, h, :512] = sum_j softmax(s)_j * V_j           (V is the first 512 values of K)
+
+where a prefix latent read from a scaled (e.g. fp8) pool counts as K_j = k_scale * stored and
+V_j = v_scale * stored[:512] (SGLang's k/v descale); draft latents are used as they are.
     lse[i, h]       = ln(sum_j exp(s_j))                 (optional)
 
 Every draft row sees the whole prefix; inside the t_b x t_b draft block a row sees only what the
@@ -475,6 +478,17 @@ def _device_info(device: torch.device):
     return _DEVICE_CACHE[idx]
 
 
+def fp8_capable(major: int, minor: int) -> bool:
+    """Whether the split kernel reads fp8 pools on this architecture (Triton's e4m3 needs sm_89+)."""
+    return (major, minor) >= (8, 9)
+
+
+def fp8_pool_supported(device: torch.device) -> bool:
+    """fp8_capable for a device (the interpreter's CPU runs them all)."""
+    major, minor, _ = _device_info(device)
+    return device.type == "cpu" or fp8_capable(major, minor)
+
+
 def default_num_splits(num_sms: int, batch: int, row_blocks: int, waves: float = 1.0) -> int:
     """Prefix slices for the whole batch (shared out by length on the device) so that
     row_blocks x slices <= waves x SMs (one program per SM at these tile sizes; rounding down
@@ -594,9 +608,9 @@ def verify_attention(
         if x.device != q.device:
             raise ValueError(f"{name}: on {x.device}, q on {q.device}")
     plain_pool = is_plain_pool(kv.dtype, k_scale, v_scale)
-    if kv.dtype != torch.bfloat16 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
-        raise TypeError(f"kv_cache: {kv.dtype} needs a GPU of compute capability 8.9 or newer "
-                        "(Triton has no fp8 before it); use a bfloat16 pool")
+    if kv.dtype != torch.bfloat16 and not fp8_pool_supported(q.device):
+        raise ValueError(f"kv_cache: {kv.dtype} pools need a GPU of compute capability 8.9 or newer "
+                         "(this kernel's fp8 loads); use a bfloat16 pool")
     if k_ext.shape[0] != n_tok:
         raise ValueError(f"k_extend: {k_ext.shape[0]} rows, q has {n_tok} tokens")
     if kv_indices.dtype not in (torch.int32, torch.int64) or kv_indices.dim() != 1:

@@ -73,12 +73,18 @@ def sglang_custom_mask(case):
     return torch.cat(parts), torch.tensor(ptr, dtype=torch.int64, device=case["q"].device)
 
 
-def load_peer():
-    """SGLang's extend_attention_fwd from the folder fetch_peer.sh makes (PEER_DIR, default
-    .peer at the repository root), or None."""
+def peer_dir() -> str | None:
+    """The folder fetch_peer.sh makes (PEER_DIR, default .peer at the repository root), or None
+    when it is not there."""
     here = os.path.dirname(os.path.abspath(__file__))
     peer = os.environ.get("PEER_DIR", os.path.join(here, "..", "..", ".peer"))
-    if not os.path.isdir(os.path.join(peer, "sglang")):
+    return peer if os.path.isdir(os.path.join(peer, "sglang")) else None
+
+
+def load_peer():
+    """SGLang's extend_attention_fwd from the peer folder (peer_dir), or None."""
+    peer = peer_dir()
+    if peer is None:
         return None
     if peer not in sys.path:
         sys.path.insert(0, peer)

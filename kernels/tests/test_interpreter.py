@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from cases import peer_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = 1e-2  # bf16 inputs, bf16 P and bf16 output (see test_verify_gpu.py)
@@ -54,10 +55,7 @@ def test_kernels_match_reference(spec):
     assert r["lse_err"] < 2e-3, r
 
 
-PEER_PRESENT = os.path.isdir(os.path.join(os.environ.get("PEER_DIR", os.path.join(HERE, "..", "..", ".peer")), "sglang"))
-
-
-@pytest.mark.skipif(not PEER_PRESENT, reason="SGLang peer kernels not fetched (fetch_peer.sh)")
+@pytest.mark.skipif(peer_dir() is None, reason="SGLang peer kernels not fetched (fetch_peer.sh)")
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "float8_e4m3fn"])
 def test_pool_scales_mean_what_sglang_means(kv_dtype):
     """SGLang's own extend_attention_fwd, run by the interpreter on the same inputs, with k/v

@@ -126,7 +126,7 @@ def test_sm90_falls_back_to_the_triton_kernel_without_gluon(monkeypatch):
 
 def test_fp8_or_scaled_pools_take_the_triton_kernel():
     """The Gluon kernels read an unscaled bf16 pool; every other pool runs the Triton-language
-    kernel, on sm_90 too, and the plan (so the workspace) is made for that kernel."""
+    kernel, on sm_90 too."""
     assert va.is_plain_pool(torch.bfloat16) and not va.is_plain_pool(torch.float8_e4m3fn)
     assert not va.is_plain_pool(torch.bfloat16, k_scale=0.5) and not va.is_plain_pool(torch.bfloat16, v_scale=2.0)
     assert va.config_for_arch(9, 0, plain_pool=False) == va.SM90_TRITON

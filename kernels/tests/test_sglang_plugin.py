@@ -2,6 +2,7 @@
 triton_backend.py (read from the released wheel, not imported: SGLang's runtime cannot be
 imported without its GPU dependencies) and against a stand-in backend class."""
 import ast
+import importlib
 import inspect
 import os
 import re
@@ -136,11 +137,38 @@ def test_unsupported_calls_fall_back(monkeypatch):
         assert "CUDA" in b.dflash_verify.last_reason
     u = plugin.MlaVerify.unsupported
     a = _args()
-    common = dict(custom_mask=None, k_descale=1.0, v_descale=1.0, logit_cap=0.0, sliding_window_size=-1,
+    common = dict(custom_mask=None, logit_cap=0.0, sliding_window_size=-1,
                   sinks=None, window_kv_offsets=None, xai_temperature_len=-1)
     if torch.cuda.is_available():
         pytest.skip("the per-reason checks below use CPU tensors")
     assert u(a["q"], a["k"], a["v"], a["o"], a["k_buffer"], a["v_buffer"], **common) == "not on a CUDA device"
+
+
+@pytest.mark.parametrize("pool_dtype, descale, sm90_config", [
+    (torch.bfloat16, (1.0, 1.0), "sm90"),  # SGLang passes 1.0 when the layer has no scales
+    (torch.bfloat16, (None, None), "sm90"),
+    (torch.float8_e4m3fn, (0.37, 1.9), "SM90_TRITON"),  # the Gluon kernels read unscaled bf16 only
+    (torch.bfloat16, (0.5, 1.0), "SM90_TRITON"),
+])
+def test_served_calls_pass_the_pool_and_its_scales(monkeypatch, pool_dtype, descale, sm90_config):
+    """What the plugin hands the launcher for a call it serves (here on a pretend sm_90): SGLang's
+    k/v descale as the pool's scales, and the config and workspace planned for that pool."""
+    va = importlib.import_module("dflash_kernels.verify_attention")
+    calls = []
+    monkeypatch.setattr(va, "verify_attention", lambda *args, **kw: calls.append((args, kw)))
+    monkeypatch.setattr(va, "_device_info", lambda device: (9, 0, 132))
+    monkeypatch.setattr(plugin.MlaVerify, "unsupported", staticmethod(lambda *a, **kw: None))
+    pool = torch.randn(64, 1, 576).to(pool_dtype)
+    a = _args(k_buffer=pool, v_buffer=pool[..., :512], k_descale=descale[0], v_descale=descale[1])
+    assert plugin.MlaVerify()(**a) is True
+    (args, kw), = calls
+    assert args[2] is pool
+    assert (kw["k_scale"], kw["v_scale"]) == tuple(1.0 if d is None else d for d in descale)
+    expected = va.CONFIGS["sm90"] if sm90_config == "sm90" else va.SM90_TRITON
+    if sm90_config == "sm90" and not va.gluon_available():
+        expected = va.SM90_TRITON
+    assert kw["config"] == expected
+    assert kw["workspace"][0].shape == va.workspace_shape(1, 8, 4, kw["num_splits"])[0]
 
 
 def test_import_hook_patches_on_import(tmp_path, monkeypatch):
