@@ -20,6 +20,13 @@ def words(n: int, tag: str) -> str:
     return " ".join(f"{tag}{i}" for i in range(n))
 
 
+def wait_for(predicate, timeout: float = 10.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
+        time.sleep(0.02)
+
+
 def sse_events(body: str) -> list:
     events = [line[len("data: ") :] for line in body.split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -177,6 +184,32 @@ def test_fixed_config_survives_185k(start_sim):
         assert c.get("/health").status_code == 200
 
 
+def test_health_generate_is_answered_during_a_long_prefill(start_sim):
+    """SGLang's scheduler does not run a health check while it prefills: it answers it when the
+    current chunk ends. So a prefill far longer than the health check's timeout is healthy,
+    which is what keeps the guard from restarting an engine busy with a 185k prompt."""
+    # 60k tokens at this factor: 15 chunks, 1.0 s of prefill (51 model s); the health check's own
+    # timeout is 20 s x 0.02 = 0.4 s, so a check that waited for the prefill would fail.
+    sim = start_sim(FIXED, env={**EXPANDABLE, "SGLANG_SIM_TIME_FACTOR": "0.02", "SGLANG_SIM_LOAD_SECONDS": "0"})
+    result = {}
+
+    def call():
+        result["r"] = httpx.post(sim.url + "/generate", timeout=60,
+                                 json={"text": words(60000, "p"), "sampling_params": {"max_new_tokens": 2}})
+        result["done"] = time.monotonic()
+
+    t = threading.Thread(target=call)
+    t.start()
+    wait_for(lambda: "#new-token: 4096, #cached-token: 4096" in sim.output(), what="the prefill's second chunk")
+    with sim.client() as c:
+        r = c.get("/health_generate")
+        answered = time.monotonic()
+    t.join(30)
+    assert r.status_code == 200
+    assert result["r"].status_code == 200 and answered < result["done"]  # answered mid-prefill
+    assert "Health check failed" not in sim.output()
+
+
 def test_startup_failures(start_sim):
     high = start_sim(["--mem-fraction-static", "0.99"], ready=False)
     low = start_sim(["--mem-fraction-static", "0.70"], ready=False)
@@ -214,8 +247,9 @@ def test_faults_file_and_endpoint(start_sim, tmp_path):
     sim = start_sim(FIXED, env={"SGLANG_SIM_FAULTS_FILE": str(faults)})
     assert f"faults file {faults} ignored" in sim.output()
     faults.write_text(json.dumps({"hang_health_generate": True}))
-    time.sleep(0.8)  # re-read every 0.5 s
     with sim.client() as c:
+        wait_for(lambda: c.get("/_sim/faults").json().get("hang_health_generate") is True,
+                 what="the faults file's re-read")  # every 0.5 s
         # A hung engine: /health_generate does not answer at all, /health still says 200.
         with pytest.raises(httpx.ReadTimeout):
             c.get("/health_generate", timeout=1.0)
@@ -280,7 +314,7 @@ def test_sigterm_lets_inflight_request_finish(start_sim):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.2)
+    wait_for(lambda: "#new-token: 4096" in sim.output(), what="the prefill's first chunk")
     sent = time.monotonic()
     sim.proc.send_signal(signal.SIGTERM)
     t.join(10)

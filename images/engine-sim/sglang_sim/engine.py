@@ -184,6 +184,9 @@ class Engine:
         self.running: dict[str, dict] = {}
         self.waiting = 0
         self.last_receive = 0.0
+        # Health checks answered at the next forward pass instead of being run: SGLang's scheduler
+        # does so while it has a chunked prefill or a running batch (return_health_check_ct).
+        self.health_checks_due = 0
         self.last_gen_throughput = 0.0
         self.decode_ct = 0
         self.gen_tokens_since_log = 0
@@ -225,6 +228,16 @@ class Engine:
 
     def num_running(self) -> int:
         return len(self.running)
+
+    def busy(self) -> bool:
+        """A real request (not a health check) is being prefilled or decoded."""
+        return any(not str(rid).startswith(HEALTH_CHECK_RID_PREFIX) for rid in self.running)
+
+    def _forward_done(self) -> None:
+        """A prefill chunk or a decode step finished: the deferred health checks get their answer."""
+        if self.health_checks_due:
+            self.health_checks_due = 0
+            self.last_receive = time.monotonic()
 
     def avg_spec_accept_length(self) -> float:
         if not self.spec_verify_ct:
@@ -451,6 +464,7 @@ class Engine:
                     self._log_prefill(c, prefix if i else cached, dt)
                     clock += self.scaled(dt)
                     await asyncio.sleep(max(0.0, clock - time.monotonic()))
+                    self._forward_done()
                     prefix += c
                     largest = max(largest, c)
                 self.mem.finish_request(largest)
@@ -485,6 +499,7 @@ class Engine:
                 t0 = time.monotonic()
                 clock += self.scaled(step)
                 await asyncio.sleep(max(0.0, clock - time.monotonic()))
+                self._forward_done()
                 pending += self.cfg.accept_length
                 take = min(max_new - completion, int(pending))
                 pending -= take

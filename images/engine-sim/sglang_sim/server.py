@@ -115,6 +115,11 @@ def build_app(engine: Engine) -> web.Application:
         }
 
         async def gen():
+            if engine.busy():
+                # SGLang's scheduler does not run a health check while it prefills or decodes:
+                # it answers it when its next forward pass ends, so a long prefill is healthy.
+                engine.health_checks_due += 1
+                return
             async for _ in engine.generate(obj, health_path=request.path):
                 break
 
