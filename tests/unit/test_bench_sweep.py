@@ -386,9 +386,11 @@ def test_cli_compare_prints_ratios(fake, tmp_path):
     paths = []
     for name in ("a", "b"):
         p = tmp_path / f"{name}.json"
+        # 64 tokens: a decode window of ~130 ms, long against a few ms of lateness at either end
+        # (8 tokens gave 15 ms, which one descheduling on a busy machine could double)
         r = CliRunner().invoke(
             bench_cmd.bench,
-            ["run", "--url", fake.url, "--contexts", "1k,2k", "--gen", "8", "--out", str(p), "--json"],
+            ["run", "--url", fake.url, "--contexts", "1k,2k", "--gen", "64", "--out", str(p), "--json"],
         )
         assert r.exit_code == 0, r.output
         paths.append(p)

@@ -60,11 +60,13 @@ class FakeNode:
     def __init__(self, journal):
         self.journal = journal
         self.active = True
+        self.unit_reads = 0  # one per pass of the watcher's loop
 
     def effective(self):
         return TunedValues(0.94, 8192, False)
 
     def unit(self):
+        self.unit_reads += 1
         state = ("active", "running") if self.active else ("activating", "auto-restart")
         return UnitState("sglang.service", "loaded", *state, "success", 0, 1, 0, "enabled", datetime.now(timezone.utc))
 
@@ -111,6 +113,13 @@ def wait_until(predicate, timeout=10.0):
     return False
 
 
+def wait_for_passes(node, passes=2):
+    """Until the watcher's loop has made `passes` more passes: the second one at least started
+    after this call, so it has read the guard's state as it is now."""
+    seen = node.unit_reads
+    assert wait_until(lambda: node.unit_reads >= seen + passes), "the watcher's loop is not running"
+
+
 @pytest.fixture
 def watcher(tmp_path, monkeypatch):
     journal = FakeJournal(STARTUP)
@@ -137,9 +146,10 @@ def test_a_serving_oom_after_a_stop_and_resume_is_not_filed_as_a_startup_failure
     # The operator fixes it: a start that reaches ready, seen while the guard is stopped; resume.
     journal.write(*STARTUP)
     node.active = True
-    time.sleep(3 * daemon.TICK_S)
+    wait_for_passes(node)  # the start is read while the guard is stopped
+    opened = journal.opened
     store.resume("drill")
-    time.sleep(3 * daemon.TICK_S)
+    assert wait_until(lambda: journal.opened > opened)  # back to watching: it resynced
     journal.write(*SERVING_OOM)  # the seed's 32k prefill OOM, while serving
     assert wait_until(lambda: len(guard.deaths) == 2), "the guard decided nothing about the OOM"
     assert guard.deaths[1].cause in (oom.ACTIVATION_SPIKE, oom.FRAGMENTATION), guard.deaths[1]
@@ -149,7 +159,7 @@ def test_deaths_are_not_decided_while_stopped(watcher):
     journal, node, guard, store = watcher
     with store.update() as state:
         state["status"] = STOPPED
-    time.sleep(3 * daemon.TICK_S)
+    wait_for_passes(node)  # the watcher has seen it stopped
     journal.write(*SERVING_OOM)
     node.active = False
     time.sleep(daemon.CLASSIFY_GRACE_S + 5 * daemon.TICK_S)
