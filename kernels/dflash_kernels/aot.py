@@ -79,8 +79,9 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     head count and batch bucket: plan, split (per pool dtype) and merge."""
     plain_cfg, fp8_cfg = _pool_config(arch, "*bf16"), _pool_config(arch, "*fp8e4nv")
     plans = [("verify_plan", *_with_sig(va.plan_kernel(plain_cfg, bs_pad), _PLAN_SIG))]
-    if va.fp8_capable(arch // 10, arch % 10) and va.plan_kernel(fp8_cfg, bs_pad) != va.plan_kernel(plain_cfg, bs_pad):
-        # sm_90: fp8 (and scaled) pools run another config, whose tiles make another plan
+    if va.plan_kernel(fp8_cfg, bs_pad) != va.plan_kernel(plain_cfg, bs_pad):
+        # sm_90: fp8 (and scaled) pools run another config, whose tiles make another plan (an
+        # arch without fp8 pools runs one config, so the plans are the same)
         plans.append(("verify_plan_fp8", *_with_sig(va.plan_kernel(fp8_cfg, bs_pad), _PLAN_SIG)))
     merges = []
     for tile in (va.MERGE_TILE_FEW, va.MERGE_TILE_MANY):  # the launcher picks one (merge_tile)
