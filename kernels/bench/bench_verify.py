@@ -2,6 +2,7 @@
 same inputs, one run, on one GPU.
 
     PEER_DIR=.peer python kernels/bench/bench_verify.py [--sweep] [--quick] [--kv-dtype fp8_e4m3]
+                                                        [--config triton]
 
 Per point (bs requests, h heads, t draft tokens each, prefix L_b, page_size 1 scattered slots):
   bytes = sum_b (L_b * 576 * s + t * 576 * 2)  each latent row read once, s = 2 (bf16 pool) or
@@ -34,6 +35,9 @@ DK, DV = 576, 512
 # --kv-dtype: the pool's torch dtype; an fp8 pool gets scales (SGLang's k/v descale) on both sides
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 FP8_SCALES = dict(k_scale=0.5, v_scale=0.5)
+# --config: the plan's own choice for the card and pool, or the Triton-language config that sm_90
+# runs for fp8 pools (so that one run can set an fp8 pool beside a bf16 pool on the same kernel)
+CONFIG_CHOICES = {"auto": None, "triton": va.SM90_TRITON}
 
 
 def ceilings():
@@ -124,17 +128,22 @@ def main():
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="bf16",
                     help="the pool's dtype (fp8: scaled, the Triton-language kernel on sm_90)")
+    ap.add_argument("--config", choices=sorted(CONFIG_CHOICES), default="auto",
+                    help="split kernel config for the table (auto: the plan's choice)")
     a = ap.parse_args()
     kv_dtype = KV_DTYPES[a.kv_dtype]
     if a.sweep and kv_dtype != torch.bfloat16:
         ap.error("--sweep times the bf16 configs; leave it out with --kv-dtype fp8_e4m3")
+    if a.sweep and a.config != "auto":
+        ap.error("--sweep chooses the table's config itself; leave out --config")
 
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     bw, mm = ceilings()
     head = dict(device=torch.cuda.get_device_name(), sms=props.multi_processor_count,
                 date=datetime.date.today().isoformat(), triton=triton.__version__,
-                torch=torch.__version__, copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12, kv_dtype=a.kv_dtype)
+                torch=torch.__version__, copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12, kv_dtype=a.kv_dtype,
+                config=a.config)
     print(json.dumps(head))
     peer = None if a.no_peer else load_peer()
     result = dict(head=head, sweep=[], rows=[])
@@ -176,7 +185,8 @@ def main():
     result["table_variants"] = {t: str(v) for t, (us, v) in best.items()}
     for lens, t in points:
         h = 8
-        ms, ms_g, ns = time_ours(lens, t, h, best[t][1] if t in best else None, kv_dtype=kv_dtype)
+        cfg = best[t][1] if t in best else CONFIG_CHOICES[a.config]
+        ms, ms_g, ns = time_ours(lens, t, h, cfg, kv_dtype=kv_dtype)
         pms = time_peer(peer, lens, t, h, kv_dtype) if peer is not None else float("nan")
         byt, fl = work(lens, t, h, kv_dtype)
         floor = max(byt / bw, fl / mm) * 1e3
