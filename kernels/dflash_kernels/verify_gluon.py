@@ -302,8 +302,10 @@ WS_MAXNREG = 168
 @gluon.jit
 def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
                n_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    # one latent row per 128 / BLOCK_N threads: each warp request covers whole 32-byte sectors
-    GL: gl.constexpr = gl.BlockedLayout([1, 8], [BLOCK_N // 4, 128 // BLOCK_N], [WS_LOADER_WARPS, 1], [1, 0])
+    # a warp's copy covers 4 latent rows x 128 bytes: the rows are gathered from anywhere, so a
+    # shared-memory store takes a wavefront per row (ncu, session 7: 8 rows x 64 bytes cost 8
+    # wavefronts where 4 would do); 128 bytes of a row is one swizzled row of a tile, one wavefront
+    GL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_LOADER_WARPS, 1], [1, 0])
     ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
     cols = gl.arange(0, 256, layout=gl.SliceLayout(0, GL))
     cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, GL))
