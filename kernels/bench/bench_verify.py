@@ -129,7 +129,8 @@ def main():
     ap.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="bf16",
                     help="the pool's dtype (fp8: scaled, the Triton-language kernel on sm_90)")
     ap.add_argument("--config", choices=sorted(CONFIG_CHOICES), default="auto",
-                    help="split kernel config for the table (auto: the plan's choice)")
+                    help="split kernel config for the table (auto: the plan's choice; triton: sm_90's "
+                         "Triton-language config, SM90_TRITON, which fp8 pools run there)")
     a = ap.parse_args()
     kv_dtype = KV_DTYPES[a.kv_dtype]
     if a.sweep and kv_dtype != torch.bfloat16:
