@@ -44,6 +44,11 @@ VARIANTS = {
     # session 5: the seesaw kernel (_verify_split_kernel_gluon_ss): two alike MMA groups take
     # turns at S and the softmax, each keeps half of the output columns
     "gluon-ws-ss": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, seesaw=True),
+    # session 7: the seesaw over 64-latent tiles (_verify_split_kernel_gluon_s64): S as m64n64
+    # wgmma, two K buffers freed and refilled by halves; the next tile's S after or before the
+    # P.V half of the other group's tile
+    "gluon-s64": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, seesaw=True),
+    "gluon-s64-sf": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, seesaw=True, s_before_pv=True),
 }
 # Variants measured in session 2 and then removed from the code because they lost (RESULTS.md,
 # history 4d, 6a, 6b; their logs are in bench/results/h200_2026-11-29_s2_sweep*.log): "sp-*" (P

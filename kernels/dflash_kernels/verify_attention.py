@@ -347,6 +347,7 @@ class VerifyConfig:
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
     seesaw: bool = False  # with warp_specialized: two alike MMA groups that take turns at S (verify_gluon.py)
+    s_before_pv: bool = False  # with seesaw and block_n 64: the next tile's S issued before the P.V half
     # merge kernel (output columns per program, partials loaded at once); None: chosen from the
     # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
@@ -426,6 +427,9 @@ def split_kernel(cfg: VerifyConfig, heads: int):
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
         ws_const = {**const, "NUM_STAGES": cfg.num_stages}  # K buffers, filled by the loader partition
+        if cfg.seesaw and cfg.block_n == 64:  # the seesaw over 64-latent tiles and two half-freed buffers
+            return (verify_gluon._verify_split_kernel_gluon_s64, {**ws_const, "S_BEFORE_PV": cfg.s_before_pv},
+                    {**opts, "maxnreg": verify_gluon.WS_MAXNREG})
         fn = verify_gluon._verify_split_kernel_gluon_ss if cfg.seesaw else verify_gluon._verify_split_kernel_gluon_ws
         return fn, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts

@@ -1,7 +1,8 @@
 """Hopper (sm_90) split kernels of verify attention, written in Triton's Gluon dialect: the
 warp-specialised kernel that ships (``_verify_split_kernel_gluon_ws``, below; 1.3x faster at 128k),
-the lock-step kernel before it (``_verify_split_kernel_gluon``) and a seesaw candidate
-(``_verify_split_kernel_gluon_ss``, at the end), both kept in the sweeps and the GPU tests.
+the lock-step kernel before it (``_verify_split_kernel_gluon``) and two seesaw candidates
+(``_verify_split_kernel_gluon_ss`` and, over 64-latent tiles, ``_verify_split_kernel_gluon_s64``,
+at the end), all kept in the sweeps and the GPU tests.
 
 Same contract as ``verify_attention._verify_split_kernel`` (same arguments, plan, partial
 outputs), so the plan and merge kernels are shared. What Gluon allows here and the Triton kernel
@@ -692,6 +693,245 @@ def _verify_split_kernel_gluon_ss(
         (_ws_loader, (kn_lo, kn_hi, kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, qo_start,
                       lo, hi, is_draft, n_tiles, BLOCK_N, NUM_STAGES)),
     ], [4, WS_LOADER_WARPS], [SS_B_REGS, SS_LOADER_REGS])
+
+    # -- partial result (group 1 wrote columns 256..511) --
+    _store_partial_lo(acc, gl.where(l_o > 0.0, l_o, 1.0), m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max,
+                      n_rows, BLOCK_M)
+
+
+# ----------------------------------------------------------------------------------------------
+# Seesaw over 64-latent tiles, a candidate of session 7 (RESULTS.md, "The next kernel"; after
+# FlashMLA's sm_90 schedule), correct and 6-18% slower than the shipped kernel on the H200, with
+# 344 bytes of spills still to remove: the seesaw above with S over 64 latents per wgmma (m64n64k16: half
+# the instructions per latent, at a shared-memory operand rate the SM can feed), which leaves
+# room for two K buffers only. So that the loader still gets a lead, a buffer is freed and refilled
+# in two halves: columns 0..255 once group 0 has done its P.V on the tile (the owner's S came
+# before), columns 256..575 once group 1 has; the owner of the next tile issues its S half by half
+# as the halves arrive. Tile j sits in buffer j % 2 and belongs to group j % 2.
+#   shared memory: Q 72 KB + 2 x K 72 KB + P 8 KB + row statistics (0.75 KB) = 226 KB. One P
+#   buffer (and one set of statistics) serves both groups: the owner of tile j + 1 writes P_{j+1}
+#   once both have read P_j, and each group issues its P.V of tile j as soon as P_j is out, well
+#   before the next owner's softmax ends. (Q's rope part in registers instead, to keep two P
+#   buffers, made group 1 spill 600 bytes.)
+# S_BEFORE_PV: a group issues its next tile's S before its P.V of the other group's tile (the
+# tensor core gets S sooner, the loader less lead), or after it.
+# ----------------------------------------------------------------------------------------------
+S64_B_REGS = gl.constexpr(224)  # group 1: 64 x 256 fp32 accumulators, a 64 x 64 S and P
+S64_LOADER_REGS = gl.constexpr(32)  # four latent rows per thread; group 0 keeps 256 (512 in all)
+
+
+@gluon.jit
+def _s64_loader(kn_lo, kn_hi, kp_s, ready_lo, ready_hi, free_lo, free_hi, idx_ptr, k_base, k_stride, qo_start,
+                lo, hi, is_draft, n_tiles, BLOCK_N: gl.constexpr):
+    GL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_LOADER_WARPS, 1], [1, 0])  # see _ws_loader
+    ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, GL))
+    cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, GL))
+    slots_nx = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
+    for j in range(n_tiles):
+        b = j % 2
+        n0 = lo + j * BLOCK_N
+        slots = slots_nx
+        slots_nx = _tile_slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
+        r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), hi - 1)  # see _issue_tile
+        rp = (k_base + gl.where(is_draft, qo_start + r, slots).to(gl.int64) * k_stride)[:, None]
+        # each half once its group is done with tile j - 2 (a fresh barrier passes parity 1)
+        mbarrier.wait(free_lo.index(b), ((j // 2) & 1) ^ 1)
+        cp.async_copy_global_to_shared(kn_lo.index(b), rp + cols[None, :])
+        cp.mbarrier_arrive(ready_lo.index(b), increment_count=False)
+        mbarrier.wait(free_hi.index(b), ((j // 2) & 1) ^ 1)
+        cp.async_copy_global_to_shared(kn_hi.index(b), rp + 256 + cols[None, :])
+        cp.async_copy_global_to_shared(kp_s.index(b), rp + 512 + cols_pe[None, :])
+        cp.mbarrier_arrive(ready_hi.index(b), increment_count=False)  # counts the earlier copies too
+
+
+@gluon.jit
+def _s64_issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, ready_lo, ready_hi, b, phase, pred, S_L: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """S of the tile in buffer b, issued asynchronously half by half as the halves arrive (pred
+    False: past the last tile, a discarded S of a buffer no copy is writing). Its zero start is
+    made here, not held across the loop (32 registers a thread)."""
+    mbarrier.wait(ready_lo.index(b), phase, pred=pred)
+    fence_async_shared()
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
+    s = warpgroup_mma(qn_lo, kn_lo.index(b).permute((1, 0)), zero, use_acc=False, is_async=True)
+    mbarrier.wait(ready_hi.index(b), phase, pred=pred)
+    fence_async_shared()
+    s = warpgroup_mma(qn_hi, kn_hi.index(b).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma(qp_s, kp_s.index(b).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _s64_loop(ME: gl.constexpr, S_BEFORE_PV: gl.constexpr, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, m_smem,
+              a_smem, ready_lo, ready_hi, free_lo, free_hi, pub, pfree, TREE_MASK, stride_mask, qo_start, pid_m,
+              n_rows, lo, hi, is_draft, n_tiles, qk_scale, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr):
+    """Both MMA groups (like _ss_loop): returns this group's 64 x 256 accumulator, the final row
+    maximum and this group's share of the row sums at it."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 256, 16])
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    if ME == 0:  # this group's half of V, and the barriers of that half
+        v_half = kn_lo
+        ready_me = ready_lo
+        free_me = free_lo
+    else:
+        v_half = kn_hi
+        ready_me = ready_hi
+        free_me = free_hi
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    row_ok = offs_m < n_rows
+    mask_row = TREE_MASK + (qo_start + offs_m // NUM_HEADS).to(gl.int64) * stride_mask
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
+    acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
+    if ME == 0:  # group 0 owns tile 0: its S first
+        s = _s64_issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, ready_lo, ready_hi, 0, 0, n_tiles > 0, S_L,
+                         BLOCK_M, BLOCK_N)
+        s = warpgroup_mma_wait(0, deps=[s])
+    for i in range(gl.cdiv(n_tiles, 2)):
+        for q in gl.static_range(2):  # tile j = 2 i + q: in buffer q, owned by group q
+            j = 2 * i + q
+            if j < n_tiles:
+                if ME == q:
+                    # own tile: the softmax with the maximum after tile j - 1, P_j and the row
+                    # statistics published, then this group's half of P_j.V_j
+                    p, alpha, m_i, l_i = _online_softmax_step(s, lo + j * BLOCK_N, hi, is_draft, mask_row, row_ok,
+                                                              qk_scale, m_i, l_i, BLOCK_N, COL_S)
+                    mbarrier.wait(pfree, (j & 1) ^ 1)  # both groups are done with P_{j-1}
+                    p_smem.store(p.to(gl.bfloat16))
+                    m_smem.store(m_i)
+                    a_smem.store(alpha)
+                    fence_async_shared()
+                    mbarrier.arrive(pub, count=1)
+                    # (the scale in the accumulator's row layout read back, not converted: see _ss_own_tile)
+                    acc = acc * a_smem.load(ROW_O)[:, None]
+                    acc = warpgroup_mma(p_smem, v_half.index(q), acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[acc])
+                else:
+                    # the other group's tile: this group's half of P_j.V_j, and the S of this
+                    # group's next tile (j + 1, in buffer ME), before or after it
+                    nx_phase = ((j + 1) // 2) & 1
+                    if S_BEFORE_PV:
+                        s_nx = _s64_issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, ready_lo, ready_hi, ME,
+                                            nx_phase, j + 1 < n_tiles, S_L, BLOCK_M, BLOCK_N)
+                    mbarrier.wait(ready_me.index(q), i & 1)  # (this group's view of its half of tile j)
+                    mbarrier.wait(pub, j & 1)  # P_j, the maximum after tile j, the scale
+                    fence_async_shared()
+                    m_i = m_smem.load(ROW_S)
+                    l_i = l_i * a_smem.load(ROW_S)
+                    acc = acc * a_smem.load(ROW_O)[:, None]
+                    acc = warpgroup_mma(p_smem, v_half.index(q), acc, is_async=True)
+                    if not S_BEFORE_PV:
+                        s_nx = _s64_issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, ready_lo, ready_hi, ME,
+                                            nx_phase, j + 1 < n_tiles, S_L, BLOCK_M, BLOCK_N)
+                    # (nothing in flight across the loop's back edge: C7514, see _ws_s_group)
+                    acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
+                mbarrier.arrive(pfree, count=1)
+                mbarrier.arrive(free_me.index(q), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _s64_group_1(S_BEFORE_PV: gl.constexpr, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, m_smem, a_smem, l_smem,
+                 ready_lo, ready_hi, free_lo, free_hi, pub, pfree, fin, TREE_MASK, stride_mask, qo_start, pid_m, n_rows,
+                 lo, hi, is_draft, n_tiles, qk_scale, PART_O, part_row0, NUM_HEADS: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    acc, m_i, l_i = _s64_loop(1, S_BEFORE_PV, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, m_smem, a_smem,
+                              ready_lo, ready_hi, free_lo, free_hi, pub, pfree, TREE_MASK, stride_mask, qo_start,
+                              pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale, NUM_HEADS, BLOCK_M, BLOCK_N)
+    l_i, l_o = _ss_row_sums(1, l_i, l_smem, fin, gl.SliceLayout(1, acc.type.layout))
+    _store_partial_hi(acc, gl.where(l_o > 0.0, l_o, 1.0), PART_O, part_row0, n_rows - pid_m * BLOCK_M, BLOCK_M)
+
+
+@gluon.jit
+def _s64_group_0(S_BEFORE_PV: gl.constexpr, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, m_smem, a_smem, l_smem,
+                 ready_lo, ready_hi, free_lo, free_hi, pub, pfree, fin, TREE_MASK, stride_mask, qo_start, pid_m, n_rows,
+                 lo, hi, is_draft, n_tiles, qk_scale, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+    acc, m_i, l_i = _s64_loop(0, S_BEFORE_PV, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, m_smem, a_smem,
+                              ready_lo, ready_hi, free_lo, free_hi, pub, pfree, TREE_MASK, stride_mask, qo_start,
+                              pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale, NUM_HEADS, BLOCK_M, BLOCK_N)
+    l_i, l_o = _ss_row_sums(0, l_i, l_smem, fin, gl.SliceLayout(1, acc.type.layout))
+    return acc, m_i, l_i, l_o
+
+
+@gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
+def _verify_split_kernel_gluon_s64(
+    Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
+    PART_O, PART_LSE,
+    qk_scale,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    rows_max, NUM_SPLITS, BATCH,
+    NUM_HEADS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    S_BEFORE_PV: gl.constexpr,
+):
+    gl.static_assert(BLOCK_M == 64)
+    gl.static_assert(BLOCK_N == 64)
+    gl.static_assert(NUM_STAGES == 2)  # tile j in buffer j % 2, owned by group j % 2
+    gl.static_assert(gl.num_warps() == 4)  # group 0; group 1 and the loader come on top
+    ROW_SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    BAR: gl.constexpr = mbarrier.MBarrierLayout()
+
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    if b >= BATCH:
+        return
+    qo_start = gl.load(QO_INDPTR + b)
+    t_b = gl.load(QO_INDPTR + b + 1) - qo_start
+    n_rows = t_b * NUM_HEADS
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    kv_start = gl.load(KV_INDPTR + b)
+    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
+
+    qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s = _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh,
+                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16))
+    m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], ROW_SH)
+    a_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], ROW_SH)
+    l_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], ROW_SH)
+    ready_lo = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], BAR)
+    ready_hi = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], BAR)
+    free_lo = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], BAR)
+    free_hi = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], BAR)
+    pub = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    pfree = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    fin = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready_lo.index(i), count=32 * WS_LOADER_WARPS)  # one cp.async arrive per loader thread
+        mbarrier.init(ready_hi.index(i), count=32 * WS_LOADER_WARPS)
+        mbarrier.init(free_lo.index(i), count=1)  # group 0
+        mbarrier.init(free_hi.index(i), count=1)  # group 1
+    mbarrier.init(pub, count=1)  # the tile's owner
+    mbarrier.init(pfree, count=2)  # both MMA groups
+    for i in gl.static_range(2):
+        mbarrier.init(fin.index(i), count=1)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    acc, m_i, l_i, l_o = gl.warp_specialize([
+        (_s64_group_0, (S_BEFORE_PV, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, m_smem, a_smem, l_smem,
+                        ready_lo, ready_hi, free_lo, free_hi, pub, pfree, fin, TREE_MASK, stride_mask, qo_start,
+                        pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale, NUM_HEADS, BLOCK_M, BLOCK_N)),
+        (_s64_group_1, (S_BEFORE_PV, qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, m_smem, a_smem, l_smem,
+                        ready_lo, ready_hi, free_lo, free_hi, pub, pfree, fin, TREE_MASK, stride_mask, qo_start,
+                        pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
+                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, NUM_HEADS, BLOCK_M, BLOCK_N)),
+        (_s64_loader, (kn_lo, kn_hi, kp_s, ready_lo, ready_hi, free_lo, free_hi, KV_INDICES + kv_start, k_base,
+                       k_stride, qo_start, lo, hi, is_draft, n_tiles, BLOCK_N)),
+    ], [4, WS_LOADER_WARPS], [S64_B_REGS, S64_LOADER_REGS])
 
     # -- partial result (group 1 wrote columns 256..511) --
     _store_partial_lo(acc, gl.where(l_o > 0.0, l_o, 1.0), m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max,
