@@ -428,9 +428,12 @@ def split_kernel(cfg: VerifyConfig, heads: int):
     if cfg.warp_specialized:
         ws_const = {**const, "NUM_STAGES": cfg.num_stages}  # K buffers, filled by the loader partition
         if cfg.seesaw and cfg.block_n == 64:  # the seesaw over 64-latent tiles and two half-freed buffers
-            return (verify_gluon._verify_split_kernel_gluon_s64, {**ws_const, "S_BEFORE_PV": cfg.s_before_pv},
-                    {**opts, "maxnreg": verify_gluon.WS_MAXNREG})
-        fn = verify_gluon._verify_split_kernel_gluon_ss if cfg.seesaw else verify_gluon._verify_split_kernel_gluon_ws
+            fn = verify_gluon._verify_split_kernel_gluon_s64
+            ws_const["S_BEFORE_PV"] = cfg.s_before_pv
+        elif cfg.seesaw:
+            fn = verify_gluon._verify_split_kernel_gluon_ss
+        else:
+            fn = verify_gluon._verify_split_kernel_gluon_ws
         return fn, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 

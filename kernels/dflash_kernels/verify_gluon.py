@@ -293,6 +293,10 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
 # four small buffers let the loader run up to three tiles ahead (two of 64 measured 7% slower).
 # ----------------------------------------------------------------------------------------------
 WS_LOADER_WARPS = gl.constexpr(4)  # partitions are whole warpgroups (registers are reallocated per warpgroup)
+# The loaders' gathers: a warp's copy covers 4 latent rows x 128 bytes. The rows are gathered from
+# anywhere, so a shared-memory store takes a wavefront per row (ncu, session 7: 8 rows x 64 bytes
+# cost 8 wavefronts where 4 would do); 128 bytes of a row is one swizzled row of a tile, one wavefront.
+WS_GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_LOADER_WARPS, 1], [1, 0])
 WS_V_REGS = gl.constexpr(184)  # the V group: 64 x 256 fp32 accumulators (128 per thread) and addresses
 WS_LOADER_REGS = gl.constexpr(40)
 # launch limit: 12 warps x 32 threads x 168 <= 65,536 registers; the partitions then take 256
@@ -301,24 +305,26 @@ WS_MAXNREG = 168
 
 
 @gluon.jit
+def _gather_rows(slots, n0, hi, is_draft, qo_start, k_base, k_stride, BLOCK_N: gl.constexpr):
+    """Start of latent rows n0 .. n0 + BLOCK_N (pool slots `slots`, or the draft block's rows),
+    as a column in the loaders' gather layout; rows past hi read row hi - 1 again (see _issue_tile)."""
+    r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WS_GATHER)), hi - 1)
+    return (k_base + gl.where(is_draft, qo_start + r, slots).to(gl.int64) * k_stride)[:, None]
+
+
+@gluon.jit
 def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
                n_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    # a warp's copy covers 4 latent rows x 128 bytes: the rows are gathered from anywhere, so a
-    # shared-memory store takes a wavefront per row (ncu, session 7: 8 rows x 64 bytes cost 8
-    # wavefronts where 4 would do); 128 bytes of a row is one swizzled row of a tile, one wavefront
-    GL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_LOADER_WARPS, 1], [1, 0])
-    ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
-    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, GL))
-    cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, GL))
+    ROW_G: gl.constexpr = gl.SliceLayout(1, WS_GATHER)
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GATHER))
+    cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_GATHER))
     slots_nx = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
     for j in range(n_tiles):
         buf = j % NUM_STAGES
         n0 = lo + j * BLOCK_N
         slots = slots_nx  # loaded one tile ahead, so their latency is hidden
         slots_nx = _tile_slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
-        r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), hi - 1)  # see _issue_tile
-        row = gl.where(is_draft, qo_start + r, slots).to(gl.int64)
-        rp = (k_base + row * k_stride)[:, None]
+        rp = _gather_rows(slots, n0, hi, is_draft, qo_start, k_base, k_stride, BLOCK_N)
         # both MMA groups are done with the tile that last used this buffer
         mbarrier.wait(kfree.index(buf), ((j // NUM_STAGES) & 1) ^ 1)
         cp.async_copy_global_to_shared(kn_lo.index(buf), rp + cols[None, :])
@@ -723,18 +729,16 @@ S64_LOADER_REGS = gl.constexpr(32)  # four latent rows per thread; group 0 keeps
 @gluon.jit
 def _s64_loader(kn_lo, kn_hi, kp_s, ready_lo, ready_hi, free_lo, free_hi, idx_ptr, k_base, k_stride, qo_start,
                 lo, hi, is_draft, n_tiles, BLOCK_N: gl.constexpr):
-    GL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_LOADER_WARPS, 1], [1, 0])  # see _ws_loader
-    ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
-    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, GL))
-    cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, GL))
+    ROW_G: gl.constexpr = gl.SliceLayout(1, WS_GATHER)
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GATHER))
+    cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_GATHER))
     slots_nx = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
     for j in range(n_tiles):
         b = j % 2
         n0 = lo + j * BLOCK_N
-        slots = slots_nx
+        slots = slots_nx  # (as in _ws_loader)
         slots_nx = _tile_slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
-        r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), hi - 1)  # see _issue_tile
-        rp = (k_base + gl.where(is_draft, qo_start + r, slots).to(gl.int64) * k_stride)[:, None]
+        rp = _gather_rows(slots, n0, hi, is_draft, qo_start, k_base, k_stride, BLOCK_N)
         # each half once its group is done with tile j - 2 (a fresh barrier passes parity 1)
         mbarrier.wait(free_lo.index(b), ((j // 2) & 1) ^ 1)
         cp.async_copy_global_to_shared(kn_lo.index(b), rp + cols[None, :])
@@ -749,8 +753,7 @@ def _s64_loader(kn_lo, kn_hi, kp_s, ready_lo, ready_hi, free_lo, free_hi, idx_pt
 def _s64_issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, ready_lo, ready_hi, b, phase, pred, S_L: gl.constexpr,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """S of the tile in buffer b, issued asynchronously half by half as the halves arrive (pred
-    False: past the last tile, a discarded S of a buffer no copy is writing). Its zero start is
-    made here, not held across the loop (32 registers a thread)."""
+    False: past the last tile, a discarded S of a buffer no copy is writing)."""
     mbarrier.wait(ready_lo.index(b), phase, pred=pred)
     fence_async_shared()
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
