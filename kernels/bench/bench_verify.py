@@ -35,8 +35,8 @@ DK, DV = 576, 512
 # --kv-dtype: the pool's torch dtype; an fp8 pool gets scales (SGLang's k/v descale) on both sides
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 FP8_SCALES = dict(k_scale=0.5, v_scale=0.5)
-# --config: the plan's own choice for the card and pool, or the Triton-language config that sm_90
-# runs for fp8 pools (so that one run can set an fp8 pool beside a bf16 pool on the same kernel)
+# --config: the plan's own choice for the card and pool, or sm_90's Triton-language config (its
+# fallback without Gluon, and its fp8 path before session 8: one run can set either beside the other)
 CONFIG_CHOICES = {"auto": None, "triton": va.SM90_TRITON}
 
 
@@ -83,7 +83,7 @@ def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=Fals
                        pool_extra=1024, kv_dtype=kv_dtype) for _ in range(n_sets)]
     c0 = cases[0]
     scales = _scales(kv_dtype)
-    _, ns, _ = va.plan(c0["q"], len(lens), t, None, cfg, plain_pool=va.is_plain_pool(kv_dtype, **scales))
+    _, ns, _ = va.plan(c0["q"], len(lens), t, None, cfg)
     ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
     outs = [torch.empty(c["q"].shape[0], h, DV, dtype=torch.bfloat16, device="cuda") for c in cases]
     it = [0]
@@ -127,10 +127,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer lengths")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="bf16",
-                    help="the pool's dtype (fp8: scaled, the Triton-language kernel on sm_90)")
+                    help="the pool's dtype (fp8: scaled)")
     ap.add_argument("--config", choices=sorted(CONFIG_CHOICES), default="auto",
                     help="split kernel config for the table (auto: the plan's choice; triton: sm_90's "
-                         "Triton-language config, SM90_TRITON, which fp8 pools run there)")
+                         "Triton-language config, SM90_TRITON, its fallback without Gluon)")
     a = ap.parse_args()
     kv_dtype = KV_DTYPES[a.kv_dtype]
     if a.sweep and kv_dtype != torch.bfloat16:

@@ -41,6 +41,8 @@ VARIANTS = {
     # loader; num_stages is its number of K buffers (at least three, so the loader gets a lead:
     # S_{j+1} is issued while tile j is held)
     "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
+    # session 8: the same with three K buffers (the room a separate fp8 staging buffer takes)
+    "gluon-ws-s3": V(64, 32, 4, 3, 64, False, gluon=True, warp_specialized=True),
     # session 5: the seesaw kernel (_verify_split_kernel_gluon_ss): two alike MMA groups take
     # turns at S and the softmax, each keeps half of the output columns
     "gluon-ws-ss": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, seesaw=True),

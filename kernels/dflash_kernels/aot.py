@@ -38,11 +38,10 @@ _SPLIT_SIG = {
     "stride_qt": "i32", "stride_qh": "i32", "stride_kext": "i32", "stride_kv": "i32",
     "stride_mask": "i32", "rows_max": "i32", "NUM_SPLITS": "i32", "BATCH": "i32",
 }
-# the Triton-language split kernel also takes the pool's scales (the Gluon kernels read unscaled bf16)
+# the split kernels that read fp8 and scaled pools also take the pool's scales (va.reads_any_pool)
 _SCALES_SIG = {"k_scale": "fp32", "v_scale": "fp32"}
-# Pool dtypes the split kernel is built for: name suffix -> Triton's pointer type. A bf16 pool runs
-# the arch's config; an fp8 pool the Triton-language kernel (sm_90's fallback config there), on
-# the archs that take fp8 pools (va.fp8_capable).
+# Pool dtypes the split kernel is built for: name suffix -> Triton's pointer type, on the archs that
+# take fp8 pools (va.fp8_capable); an arch's one config reads them all.
 KV_POOL_TYPES = {"": "*bf16", "_fp8e4m3": "*fp8e4nv", "_fp8e5m2": "*fp8e5"}
 
 
@@ -77,12 +76,7 @@ def _arch_key(arch: int) -> str:
 def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     """(name, fn, signature, constexprs, options) of every kernel the launcher runs at one arch,
     head count and batch bucket: plan, split (per pool dtype) and merge."""
-    plain_cfg, fp8_cfg = _pool_config(arch, "*bf16"), _pool_config(arch, "*fp8e4nv")
-    plans = [("verify_plan", *_with_sig(va.plan_kernel(plain_cfg, bs_pad), _PLAN_SIG))]
-    if va.plan_kernel(fp8_cfg, bs_pad) != va.plan_kernel(plain_cfg, bs_pad):
-        # sm_90: fp8 (and scaled) pools run another config, whose tiles make another plan (an
-        # arch without fp8 pools runs one config, so the plans are the same)
-        plans.append(("verify_plan_fp8", *_with_sig(va.plan_kernel(fp8_cfg, bs_pad), _PLAN_SIG)))
+    plans = [("verify_plan", *_with_sig(va.plan_kernel(va.CONFIGS[_arch_key(arch)], bs_pad), _PLAN_SIG))]
     merges = []
     for tile in (va.MERGE_TILE_FEW, va.MERGE_TILE_MANY):  # the launcher picks one (merge_tile)
         tag = f"_d{tile[0]}c{tile[1]}"
@@ -93,22 +87,16 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     return [*plans, *splits, *merges]
 
 
-def _pool_config(arch: int, kv_type: str) -> va.VerifyConfig:
-    """The config the launcher runs for a pool of kv_type (the Gluon one on sm_90 for bf16, which
-    this build always compiles)."""
-    if kv_type == "*bf16":
-        return va.CONFIGS[_arch_key(arch)]
-    return va.config_for_arch(arch // 10, arch % 10, plain_pool=False)
-
-
 def _split_spec(arch: int, heads: int, kv_type: str):
-    """(fn, signature, constexprs, options) of the split kernel the launcher runs for a pool of kv_type."""
-    cfg = _pool_config(arch, kv_type)
-    fn, const, opts = va.split_kernel(cfg, heads)
-    sig = dict(_SPLIT_SIG, KV=kv_type)
-    if not cfg.gluon:
-        sig.update(_SCALES_SIG)
-    return fn, sig, const, opts
+    """(fn, signature, constexprs, options) of the split kernel the launcher runs for a pool of
+    kv_type (on sm_90 the Gluon kernel, which this build always compiles)."""
+    fn, const, opts = va.split_kernel(va.CONFIGS[_arch_key(arch)], heads)
+    return fn, split_signature(fn, kv_type), const, opts
+
+
+def split_signature(fn, kv_type: str = "*bf16") -> dict:
+    """Runtime argument types of split kernel fn for a pool of kv_type."""
+    return {**_SPLIT_SIG, "KV": kv_type, **(_SCALES_SIG if va.reads_any_pool(fn) else {})}
 
 
 def _with_sig(spec, signature):

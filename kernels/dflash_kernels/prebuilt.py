@@ -67,10 +67,9 @@ class CompileOnlyDriver:
 
 
 def _jit_kernels(arch: int) -> list:
-    """The JIT functions the launcher calls for `arch` (the split kernels its configs pick for a
-    plain bf16 pool and for an fp8 one)."""
-    splits = {va.split_kernel(va.config_for_arch(arch // 10, arch % 10, plain), heads=8)[0] for plain in (True, False)}
-    return [va._verify_plan_kernel, *splits, va._verify_merge_kernel]
+    """The JIT functions the launcher calls for `arch` (one split kernel reads every pool)."""
+    split = va.split_kernel(va.config_for_arch(arch // 10, arch % 10), heads=8)[0]
+    return [va._verify_plan_kernel, split, va._verify_merge_kernel]
 
 
 @contextlib.contextmanager
@@ -115,7 +114,7 @@ def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, wit
     kv_dtype, with scales when it is fp8) and the config the launcher picks for `arch`, as
     SGLang's plugin gets it."""
     scale = 1.0 if kv_dtype == torch.bfloat16 else 0.5
-    cfg = va.config_for_arch(arch // 10, arch % 10, va.is_plain_pool(kv_dtype, scale, scale))
+    cfg = va.config_for_arch(arch // 10, arch % 10)
     n_tok = batch * draft_tokens
     q = torch.zeros(n_tok, heads, va.D_LATENT, dtype=torch.bfloat16, device=device)
     pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device).to(kv_dtype)

@@ -363,6 +363,7 @@ CONFIGS = {
     # measured best on the H200 (RESULTS.md, session 4): the warp-specialised Gluon split kernel,
     # 64 rows x 32 latents, an S group of 4 warps (plus a V group and a loader), four KV buffers;
     # 1.3x faster at 128k than the lock-step Gluon kernel (session 2), which stays in the sweeps.
+    # It reads every pool: its loader widens an fp8 pool's rows to bf16 (session 8).
     # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
@@ -452,15 +453,21 @@ def merge_kernel(heads: int, write_lse: bool, tile: tuple[int, int]):
 
 
 def is_plain_pool(kv_dtype, k_scale: float = 1.0, v_scale: float = 1.0) -> bool:
-    """A bf16 pool without scales: the one pool the Gluon split kernels read."""
+    """A bf16 pool without scales: the one pool every split kernel reads (see reads_any_pool)."""
     return kv_dtype == torch.bfloat16 and k_scale == 1.0 and v_scale == 1.0
 
 
-def config_for_arch(major: int, minor: int = 0, plain_pool: bool = True) -> VerifyConfig:
-    """plain_pool: the KV pool is bf16 and unscaled, what the Gluon kernels read; an fp8 or a
-    scaled pool takes the Triton-language kernel on sm_90 too."""
+def reads_any_pool(split_fn) -> bool:
+    """Whether a split kernel reads fp8 and scaled pools too: those that take the pool's scales
+    (the Triton-language kernel and the shipped warp-specialised Gluon kernel; the other Gluon
+    kernels, kept as candidates, read an unscaled bf16 pool only)."""
+    return "k_scale" in split_fn.arg_names
+
+
+def config_for_arch(major: int, minor: int = 0) -> VerifyConfig:
+    """The config of an arch, for every pool dtype and scale (each arch's kernel reads them all)."""
     if major == 9:
-        return CONFIGS["sm90"] if plain_pool and gluon_available() else SM90_TRITON
+        return CONFIGS["sm90"] if gluon_available() else SM90_TRITON
     if major >= 12:
         return CONFIGS["sm120"]
     return CONFIGS["sm80"]
@@ -535,11 +542,10 @@ def alloc_workspace(batch, num_heads, max_q_len, num_splits, device):
 
 
 def plan(q: torch.Tensor, batch: int, max_q_len: int | None = None, num_splits: int | None = None,
-         config: VerifyConfig | None = None, waves: float | None = None, plain_pool: bool = True):
-    """Static launch plan (config, num_splits, max_q_len) from shapes and the device only.
-    plain_pool: False for an fp8 or a scaled KV pool (see ``config_for_arch``)."""
+         config: VerifyConfig | None = None, waves: float | None = None):
+    """Static launch plan (config, num_splits, max_q_len) from shapes and the device only."""
     major, minor, sms = _device_info(q.device)
-    cfg = config or config_for_arch(major, minor, plain_pool)
+    cfg = config or config_for_arch(major, minor)
     h = q.shape[1]
     mq = int(max_q_len) if max_q_len is not None else q.shape[0]
     row_blocks = triton.cdiv(mq * h, cfg.block_m)
@@ -591,8 +597,8 @@ def verify_attention(
       num_splits: prefix slices per request (default: fill the chip once for this batch size).
       k_scale, v_scale: the pool's scales, as SGLang's ``k_descale`` / ``v_descale``: scores of
          pool keys are multiplied by k_scale and P.V over pool values by v_scale; the draft
-         latents are not scaled. An fp8 or a scaled pool runs the Triton-language kernel (sm_89
-         and newer for fp8).
+         latents are not scaled. fp8 pools need sm_89 or newer; on sm_90 they run the
+         shipped Gluon kernel, which widens the pool's rows in its loader.
     Returns ``out``.
     """
     # -- validation --
@@ -614,7 +620,6 @@ def verify_attention(
     for name, x in (("k_extend", k_ext), ("kv_cache", kv)):
         if x.device != q.device:
             raise ValueError(f"{name}: on {x.device}, q on {q.device}")
-    plain_pool = is_plain_pool(kv.dtype, k_scale, v_scale)
     if kv.dtype != torch.bfloat16 and not fp8_pool_supported(q.device):
         raise ValueError(f"kv_cache: {kv.dtype} pools need a GPU of compute capability 8.9 or newer "
                          "(this kernel's fp8 loads); use a bfloat16 pool")
@@ -630,9 +635,10 @@ def verify_attention(
     batch = qo_indptr.shape[0] - 1
     if batch < 1 or kv_indptr.shape[0] != batch + 1:
         raise ValueError(f"qo_indptr ({qo_indptr.shape[0]}) and kv_indptr ({kv_indptr.shape[0]}) must both be batch + 1 >= 2 long")
-    cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config, plain_pool=plain_pool)
-    if cfg.gluon and not plain_pool:
-        raise ValueError("config: the Gluon split kernel reads an unscaled bfloat16 pool; leave config=None "
+    cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config)
+    split_fn, split_const, split_opts = split_kernel(cfg, h)
+    if not reads_any_pool(split_fn) and not is_plain_pool(kv.dtype, k_scale, v_scale):
+        raise ValueError(f"config: {split_fn.__name__} reads an unscaled bfloat16 pool; leave config=None "
                          "(or pass SM90_TRITON) for an fp8 or a scaled pool")
     words = triton.cdiv(mq, 32)
     if tree_mask.dtype != torch.int32 or tree_mask.dim() != 2 or tree_mask.shape[0] != n_tok \
@@ -668,9 +674,8 @@ def verify_attention(
                       sm_scale * LOG2E,
                       q.stride(0), q.stride(1), k_ext.stride(0), kv.stride(0), tree_mask.stride(0),
                       rows_max, ns, batch)
-        if not cfg.gluon:  # the Triton kernel also reads the pool's scales
+        if reads_any_pool(split_fn):
             split_args += (float(k_scale), float(v_scale))
-        split_fn, split_const, split_opts = split_kernel(cfg, h)
         split_fn[grid](*split_args, **split_const, **split_opts)
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
     if "merge" in _phases:

@@ -333,9 +333,102 @@ def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_s
         cp.mbarrier_arrive(ready.index(buf), increment_count=False)  # fires when they land
 
 
+# fp8 pools (session 8). wgmma on sm_90 takes fp8 only with both operands fp8, so the pool's tiles
+# are widened to bf16 (exact) before S and P.V read them, and the widening is the loader's: the
+# MMA warps do no conversion. A tile's fp8 rows (cp.async, half the bytes of bf16 ones) are staged
+# inside the K buffer they are widened into (the nope halves in the 16 KB of its bf16 columns
+# 256..511, the rope part in the first half of its rope tile), so the kernel keeps its four K
+# buffers (separate staging buffers left room for three: 4-7% slower, RESULTS.md). Each loader
+# thread reads back the bytes it copied itself (no barrier between its copy and its read); one
+# barrier of the loader's warps between the last read and the first store over staged bytes.
+# The layout is the bf16 gathers' (WS_GATHER): a thread copies 8 fp8 bytes and stores the 16 bf16
+# bytes they widen to, so a warp's store is 4 rows x 128 bytes of a swizzled tile, one wavefront
+# each (16 fp8 bytes a thread measured 2x the ideal wavefronts); the staged nope rows (256 bytes)
+# are swizzled by 64-byte pieces so that a warp's 4 rows x 64 bytes meet no bank twice (the rope
+# part's 64-byte rows lie side by side as they are).
+WS_FP8_NOPE_SH: gl.constexpr = gl.SwizzledSharedLayout(64, 1, 4, [1, 0])
+WS_FP8_ROPE_SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+WS_FP8_LOADER_REGS = gl.constexpr(72)  # a tile's fp8 bytes and their widening (the 32 spare of 512)
+
+
+@gluon.jit
+def _staged_fp8(kn_hi, kp_s, buf, FP8: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Where an fp8 tile is staged in K buffer buf: its two nope halves in kn_hi's 16 KB, its rope
+    part in the first half of kp_s's 4 KB."""
+    nope = kn_hi.index(buf)._reinterpret(FP8, [2, BLOCK_N, 256], WS_FP8_NOPE_SH)
+    rope = kp_s.index(buf)._reinterpret(FP8, [2, BLOCK_N, 64], WS_FP8_ROPE_SH).index(0)
+    return nope.index(0), nope.index(1), rope
+
+
+@gluon.jit
+def _stage_fp8_tile(kn_hi, kp_s, buf, slots, KV, stride_kv, BLOCK_N: gl.constexpr):
+    """cp.async of the pool rows at `slots` (_tile_slots repeats the last row past the slice's
+    end) into K buffer buf's staging space; the caller commits the group."""
+    s_lo, s_hi, s_pe = _staged_fp8(kn_hi, kp_s, buf, KV.dtype.element_ty, BLOCK_N)
+    row = (KV + slots.to(gl.int64) * stride_kv)[:, None]
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GATHER))[None, :]
+    cp.async_copy_global_to_shared(s_lo, row + cols)
+    cp.async_copy_global_to_shared(s_hi, row + 256 + cols)
+    cp.async_copy_global_to_shared(s_pe, row + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, WS_GATHER))[None, :])
+
+
+@gluon.jit
+def _widen(x):
+    # through float32 (exact): f16 -> f32 and the packing to bf16 run at full rate, where a direct
+    # f16 -> bf16 takes an F2F per value on the pipe of the softmax's exp2
+    return x.to(gl.float32).to(gl.bfloat16)
+
+
+@gluon.jit
+def _fp8_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, KV, stride_kv, lo, hi, n_tiles,
+                BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """A prefix slice of an fp8 pool: tile j + 1's copies go out as soon as its buffer is free,
+    then tile j (copied an iteration earlier) is widened in place."""
+    ROW_G: gl.constexpr = gl.SliceLayout(1, WS_GATHER)
+    if n_tiles > 0:  # tile 0 into buffer 0, free at the start
+        _stage_fp8_tile(kn_hi, kp_s, 0, _tile_slots(idx_ptr, lo, hi, False, BLOCK_N, ROW_G), KV, stride_kv, BLOCK_N)
+    cp.commit_group()
+    slots = _tile_slots(idx_ptr, lo + BLOCK_N, hi, False, BLOCK_N, ROW_G)  # of tile j + 1, a tile early
+    for j in range(n_tiles):
+        buf = j % NUM_STAGES
+        nb = (j + 1) % NUM_STAGES
+        if j + 1 < n_tiles:  # both MMA groups are done with the tile that last used buffer nb
+            mbarrier.wait(kfree.index(nb), (((j + 1) // NUM_STAGES) & 1) ^ 1)
+            _stage_fp8_tile(kn_hi, kp_s, nb, slots, KV, stride_kv, BLOCK_N)
+        cp.commit_group()  # (empty past the last tile: one group per iteration)
+        slots = _tile_slots(idx_ptr, lo + (j + 2) * BLOCK_N, hi, False, BLOCK_N, ROW_G)
+        cp.wait_group(1)  # this thread's copies of tile j are in
+        s_lo, s_hi, s_pe = _staged_fp8(kn_hi, kp_s, buf, KV.dtype.element_ty, BLOCK_N)
+        kn_lo.index(buf).store(_widen(s_lo.load(WS_GATHER)))  # (columns 0..255 hold no staged bytes)
+        x_hi = s_hi.load(WS_GATHER)
+        x_pe = s_pe.load(WS_GATHER)
+        gl.thread_barrier()  # every loader thread has read the staged bytes the stores below overwrite
+        kn_hi.index(buf).store(_widen(x_hi))
+        kp_s.index(buf).store(_widen(x_pe))
+        fence_async_shared()  # the stores, before wgmma reads them (the async proxy)
+        gl.thread_barrier()  # (this partition's warps only)
+        mbarrier.arrive(ready.index(buf), count=32 * WS_LOADER_WARPS)  # as many as the bf16 copies' arrives
+    cp.wait_group(0)
+
+
+@gluon.jit
+def _ws_loader_any(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
+                   is_draft, n_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The shipped kernel's loader partition: bf16 rows (k_base: a draft block, or a bf16 pool)
+    as _ws_loader copies them, the rows of an fp8 pool KV as _fp8_loader widens them."""
+    if KV.dtype.element_ty == gl.bfloat16:
+        _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
+                   n_tiles, BLOCK_N, NUM_STAGES)
+    elif is_draft:
+        _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
+                   n_tiles, BLOCK_N, NUM_STAGES)
+    else:
+        _fp8_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, KV, stride_kv, lo, hi, n_tiles, BLOCK_N, NUM_STAGES)
+
+
 @gluon.jit
 def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                PART_O, part_row0, n_rows_here, n_tiles, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+                PART_O, part_row0, n_rows_here, n_tiles, o_scale, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, 256, 16])
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
@@ -357,7 +450,7 @@ def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
     # the S group's final row sums come through the scale buffer, after one more p_ready
     mbarrier.wait(p_ready, n_tiles & 1)
     l_i = scale_smem.load(ROW_O)
-    _store_partial_hi(acc, gl.where(l_i > 0.0, l_i, 1.0), PART_O, part_row0, n_rows_here, BLOCK_M)
+    _store_partial_hi(acc, gl.where(l_i > 0.0, l_i, 1.0) / o_scale, PART_O, part_row0, n_rows_here, BLOCK_M)
 
 
 @gluon.jit
@@ -420,6 +513,7 @@ def _verify_split_kernel_gluon_ws(
     qk_scale,
     stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
     rows_max, NUM_SPLITS, BATCH,
+    k_scale, v_scale,
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
@@ -443,7 +537,19 @@ def _verify_split_kernel_gluon_ws(
     if pid_m * BLOCK_M >= n_rows:
         return
     kv_start = gl.load(KV_INDPTR + b)
-    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
+    KV_FP8: gl.constexpr = KV.dtype.element_ty != K_EXT.dtype.element_ty  # bf16 draft latents beside an fp8 pool
+    if KV_FP8:  # the loader reads either (pointers of two types): the draft block's row range here
+        lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, K_EXT, stride_kext, stride_kext)
+    else:
+        lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
+    # the pool holds latent / scale (SGLang's k/v descale): its scores times k_scale, its values
+    # times v_scale, folded into the score scale and the partial output; draft latents unscaled
+    if is_draft:
+        qk = qk_scale
+        o_scale = 1.0
+    else:
+        qk = qk_scale * k_scale
+        o_scale = v_scale
 
     qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s = _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh,
                                                               NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
@@ -463,19 +569,23 @@ def _verify_split_kernel_gluon_ws(
     gl.thread_barrier()
 
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    if KV_FP8:
+        loader_regs: gl.constexpr = WS_FP8_LOADER_REGS
+    else:
+        loader_regs: gl.constexpr = WS_LOADER_REGS
     acc, m_i, l_i = gl.warp_specialize([
         (_ws_s_group, (qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                       TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
+                       TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
                        NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
         (_ws_v_group, (kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
-                       n_tiles, BLOCK_M, NUM_STAGES)),
-        (_ws_loader, (kn_lo, kn_hi, kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, qo_start,
-                      lo, hi, is_draft, n_tiles, BLOCK_N, NUM_STAGES)),
-    ], [4, WS_LOADER_WARPS], [WS_V_REGS, WS_LOADER_REGS])
+                       n_tiles, o_scale, BLOCK_M, NUM_STAGES)),
+        (_ws_loader_any, (kn_lo, kn_hi, kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv,
+                          qo_start, lo, hi, is_draft, n_tiles, BLOCK_N, NUM_STAGES)),
+    ], [4, WS_LOADER_WARPS], [WS_V_REGS, loader_regs])
 
     # -- partial result (the V group wrote columns 256..511) --
-    l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, acc.type.layout))
+    l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0) / o_scale, gl.SliceLayout(1, acc.type.layout))
     _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M)
 
 

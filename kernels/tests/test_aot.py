@@ -50,8 +50,6 @@ def test_manifest(built):
     for arch in (120, 90):
         for name in {"verify_plan"} | SPLIT_NAMES | MERGE_NAMES:
             assert (arch, name) in names
-    # sm_90's fp8 pools run the Triton-language config, whose tiles make another plan
-    assert (90, "verify_plan_fp8") in names and (120, "verify_plan_fp8") not in names
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
         assert k["symbol"].startswith("_verify_")
@@ -103,7 +101,7 @@ def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
     """The image fills a Triton cache with the AOT build and points TRITON_CACHE_DIR at it: the
     launcher's calls (SGLang's argument types, batches 1 to 48, t = 16 and 64, with and without
     LSE, bf16 and fp8 pools) must find every kernel there, on sm_120 (Triton kernel) and sm_90
-    (Gluon split kernel; the Triton kernel for fp8), instead of compiling at first use."""
+    (Gluon split kernel, for every pool), instead of compiling at first use."""
     r = _aot_check(tmp_path, "--arch", "120", "--arch", "90", "--heads", "8")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "every launcher call finds its prebuilt binary" in r.stdout
@@ -157,6 +155,32 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     _assert_wgmma_stays_async(ptx, tmp_path)
 
 
+def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
+    """The shipped kernel for an fp8 pool (session 8): the same MMA groups over the same four K
+    buffers, and a loader that stages the pool's rows inside them (cp.async, not counted on the
+    barrier: it arrives once its widened stores are in) and copies a draft block's bf16 rows as
+    before; it spills nothing and widens with full-rate instructions (no F2F, the conversion
+    pipe of the softmax's exponentials)."""
+    from dflash_kernels import verify_gluon as vg
+    va = aot.va
+    _, kernel, sig, const, opts = _spec(90, "verify_split_fp8e4m3")
+    assert kernel is vg._verify_split_kernel_gluon_ws and sig["KV"] == "*fp8e4nv" and "k_scale" in sig
+    assert const["NUM_STAGES"] == va.CONFIGS["sm90"].num_stages == 4
+    k = aot.compile_one(kernel, sig, const, 90, opts)
+    assert k.metadata.shared <= SM90_SMEM_LIMIT
+    cubin = tmp_path / "ws_fp8.cubin"
+    cubin.write_bytes(k.asm["cubin"])
+    sass = _sass(cubin)
+    usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))
+    assert {"256", str(vg.WS_V_REGS.value), str(vg.WS_FP8_LOADER_REGS.value)} <= regs, regs
+    assert sass.count("HGMMA.64x32x16.F32.BF16") == 2 * 36 and sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 2
+    assert "LDGSTSBAR.64.ARVCNT" in sass  # the draft block's copies, as in the bf16 kernel
+    assert "F2FP.F16.E4M3.UNPACK_B" in sass and "F2F.BF16" not in sass
+    _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
+
+
 def test_seesaw_sm90_kernel_builds(tmp_path):
     """The seesaw candidate (not shipped; RESULTS.md, session 5) still compiles for sm_90: two MMA
     groups that each issue S (36 wgmma per tile, in the prologue and before each tile of the
@@ -164,11 +188,10 @@ def test_seesaw_sm90_kernel_builds(tmp_path):
     its wgmma asynchronous."""
     from dflash_kernels import verify_gluon as vg
     va = aot.va
-    _, _, sig, const, _ = _spec(90, "verify_split")
     cfg = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, seesaw=True)
-    kernel, ss_const, opts = va.split_kernel(cfg, 8)
+    kernel, const, opts = va.split_kernel(cfg, 8)
     assert kernel is vg._verify_split_kernel_gluon_ss
-    k = aot.compile_one(kernel, sig, {**const, **ss_const}, 90, opts)
+    k = aot.compile_one(kernel, aot.split_signature(kernel), const, 90, opts)
     assert k.metadata.shared <= SM90_SMEM_LIMIT
     cubin = tmp_path / "ss.cubin"
     cubin.write_bytes(k.asm["cubin"])
@@ -186,11 +209,10 @@ def test_seesaw_over_64_latent_tiles_builds(tmp_path):
     memory, with its wgmma asynchronous."""
     from dflash_kernels import verify_gluon as vg
     va = aot.va
-    _, _, sig, const, _ = _spec(90, "verify_split")
     cfg = va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, seesaw=True)
-    kernel, s64_const, opts = va.split_kernel(cfg, 8)
+    kernel, const, opts = va.split_kernel(cfg, 8)
     assert kernel is vg._verify_split_kernel_gluon_s64
-    k = aot.compile_one(kernel, sig, {**const, **s64_const}, 90, opts)
+    k = aot.compile_one(kernel, aot.split_signature(kernel), const, 90, opts)
     assert k.metadata.shared <= SM90_SMEM_LIMIT
     cubin = tmp_path / "s64.cubin"
     cubin.write_bytes(k.asm["cubin"])

@@ -1,5 +1,6 @@
 """CPU: mask packing (SGLang's bool custom_mask -> bit-packed tree mask), tree helpers, and the
 launcher's validation errors (raised before any kernel starts)."""
+import dataclasses
 import importlib
 
 import pytest
@@ -75,10 +76,11 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv.half(), idx, kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="k_extend: expected bfloat16"):
         va.verify_attention(q, ke.to(torch.float8_e4m3fn), kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE)
-    with pytest.raises(ValueError, match="Gluon split kernel reads an unscaled bfloat16 pool"):
-        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=va.CONFIGS["sm90"])
-    with pytest.raises(ValueError, match="Gluon split kernel reads an unscaled bfloat16 pool"):
-        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=va.CONFIGS["sm90"], k_scale=0.5)
+    seesaw = dataclasses.replace(va.CONFIGS["sm90"], seesaw=True)  # a Gluon candidate: unscaled bf16 pools only
+    with pytest.raises(ValueError, match="_verify_split_kernel_gluon_ss reads an unscaled bfloat16 pool"):
+        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=seesaw)
+    with pytest.raises(ValueError, match="_verify_split_kernel_gluon_ss reads an unscaled bfloat16 pool"):
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=seesaw, k_scale=0.5)
     with pytest.raises(TypeError, match="kv_indices"):
         va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="kv_indptr"):
@@ -124,10 +126,14 @@ def test_sm90_falls_back_to_the_triton_kernel_without_gluon(monkeypatch):
     assert va.config_for_arch(9, 0) == va.CONFIGS["sm90"] and va.CONFIGS["sm90"].gluon  # Triton 3.6 here
 
 
-def test_fp8_or_scaled_pools_take_the_triton_kernel():
-    """The Gluon kernels read an unscaled bf16 pool; every other pool runs the Triton-language
-    kernel, on sm_90 too."""
+def test_every_pool_runs_the_shipped_kernels():
+    """Each arch's kernel reads fp8 and scaled pools too (on sm_90 the Gluon kernel's loader
+    widens an fp8 pool's rows, session 8), so the config depends on the arch alone. The Gluon
+    candidates read unscaled bf16 only (the launcher refuses them other pools:
+    test_validation_errors)."""
+    for cfg in (va.CONFIGS["sm90"], va.SM90_TRITON, va.CONFIGS["sm120"], va.CONFIGS["sm80"]):
+        assert va.reads_any_pool(va.split_kernel(cfg, 8)[0]), cfg
+    seesaw = dataclasses.replace(va.CONFIGS["sm90"], seesaw=True)
+    assert not va.reads_any_pool(va.split_kernel(seesaw, 8)[0])
     assert va.is_plain_pool(torch.bfloat16) and not va.is_plain_pool(torch.float8_e4m3fn)
     assert not va.is_plain_pool(torch.bfloat16, k_scale=0.5) and not va.is_plain_pool(torch.bfloat16, v_scale=2.0)
-    assert va.config_for_arch(9, 0, plain_pool=False) == va.SM90_TRITON
-    assert va.config_for_arch(12, 0, plain_pool=False) == va.CONFIGS["sm120"]

@@ -144,15 +144,16 @@ def test_unsupported_calls_fall_back(monkeypatch):
     assert u(a["q"], a["k"], a["v"], a["o"], a["k_buffer"], a["v_buffer"], **common) == "not on a CUDA device"
 
 
-@pytest.mark.parametrize("pool_dtype, descale, sm90_config", [
-    (torch.bfloat16, (1.0, 1.0), "sm90"),  # SGLang passes 1.0 when the layer has no scales
-    (torch.bfloat16, (None, None), "sm90"),
-    (torch.float8_e4m3fn, (0.37, 1.9), "SM90_TRITON"),  # the Gluon kernels read unscaled bf16 only
-    (torch.bfloat16, (0.5, 1.0), "SM90_TRITON"),
+@pytest.mark.parametrize("pool_dtype, descale", [
+    (torch.bfloat16, (1.0, 1.0)),  # SGLang passes 1.0 when the layer has no scales
+    (torch.bfloat16, (None, None)),
+    (torch.float8_e4m3fn, (0.37, 1.9)),
+    (torch.bfloat16, (0.5, 1.0)),
 ])
-def test_served_calls_pass_the_pool_and_its_scales(monkeypatch, pool_dtype, descale, sm90_config):
+def test_served_calls_pass_the_pool_and_its_scales(monkeypatch, pool_dtype, descale):
     """What the plugin hands the launcher for a call it serves (here on a pretend sm_90): SGLang's
-    k/v descale as the pool's scales, and the config and workspace planned for that pool."""
+    k/v descale as the pool's scales, and the config and workspace planned for it (the shipped
+    kernel reads every pool: on sm_90 its loader widens an fp8 pool's rows)."""
     va = importlib.import_module("dflash_kernels.verify_attention")
     calls = []
     monkeypatch.setattr(va, "verify_attention", lambda *args, **kw: calls.append((args, kw)))
@@ -164,9 +165,7 @@ def test_served_calls_pass_the_pool_and_its_scales(monkeypatch, pool_dtype, desc
     (args, kw), = calls
     assert args[2] is pool
     assert (kw["k_scale"], kw["v_scale"]) == tuple(1.0 if d is None else d for d in descale)
-    expected = va.CONFIGS["sm90"] if sm90_config == "sm90" else va.SM90_TRITON
-    if sm90_config == "sm90" and not va.gluon_available():
-        expected = va.SM90_TRITON
+    expected = va.CONFIGS["sm90"] if va.gluon_available() else va.SM90_TRITON
     assert kw["config"] == expected
     assert kw["workspace"][0].shape == va.workspace_shape(1, 8, 4, kw["num_splits"])[0]
 

@@ -138,6 +138,17 @@ def test_fp8_pool_vs_reference_and_sglang(kv_dtype):
     assert not torch.isnan(theirs).any() and e_ours <= e_peer
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_pool_every_shape(kv_dtype):
+    """fp8 pools with scales through the shapes the candidates' test covers (t = 64 trees across
+    a mask word, a request with no prefix, t = 1, slices ending mid-tile) and a paged pool with
+    16 heads: on sm_90 the shipped kernel's loader widens these rows itself (session 8)."""
+    scales = dict(k_scale=0.37, v_scale=1.9)
+    for case in (make_case([0, 40_000, 333, 64], [64, 33, 16, 1], 8, mask="tree", kv_dtype=kv_dtype),
+                 make_case([3000, 50_000, 17], [16, 16, 16], 16, mask="tree", page_size=16, kv_dtype=kv_dtype)):
+        _check(case, *_run(case, **scales), **scales)
+
+
 def test_pack_custom_mask_matches_sglang_layout():
     from cases import sglang_custom_mask
     case = make_case([100, 0, 5000], [16, 5, 64], 8, mask="tree", max_q_len=64)
