@@ -218,23 +218,31 @@ def _verify_split_kernel_gluon(
 
 @gluon.jit
 def _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The warp-specialised kernels' shared operands: Q (all 576 values of BLOCK_M rows) loaded
-    once, in three column blocks, and NUM_STAGES empty K buffers of BLOCK_N latents (two nope
-    halves and the rope part), all in the 128-byte swizzle wgmma reads."""
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                     Q_BY_LOADER: gl.constexpr):
+    """The warp-specialised kernels' shared operands: Q (all 576 values of BLOCK_M rows), in three
+    column blocks, and NUM_STAGES empty K buffers of BLOCK_N latents (two nope halves and the rope
+    part), all in the 128-byte swizzle wgmma reads. Q is loaded here, or with Q_BY_LOADER left
+    empty for the loader partition to copy (_copy_q)."""
     Q_BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # Q (rows, 256) load
     QP_BL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # Q (rows, 64) load
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, Q_BL))
-    q_row = _q_row_ptrs(Q, qo_start, rq, stride_qt, stride_qh, NUM_HEADS)[:, None]
-    q_cols = gl.arange(0, 256, layout=gl.SliceLayout(0, Q_BL))[None, :]
-    q_ok = (rq < n_rows)[:, None]
-    qn_lo = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH, gl.load(q_row + q_cols, mask=q_ok, other=0.0))
-    qn_hi = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH,
-                                      gl.load(q_row + 256 + q_cols, mask=q_ok, other=0.0))
-    qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH,
-                                     _load_q_rope(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS,
-                                                  BLOCK_M, QP_BL))
+    if Q_BY_LOADER:
+        qn_lo = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH)
+        qn_hi = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH)
+        qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH)
+    else:
+        rq = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, Q_BL))
+        q_row = _q_row_ptrs(Q, qo_start, rq, stride_qt, stride_qh, NUM_HEADS)[:, None]
+        q_cols = gl.arange(0, 256, layout=gl.SliceLayout(0, Q_BL))[None, :]
+        q_ok = (rq < n_rows)[:, None]
+        qn_lo = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH,
+                                          gl.load(q_row + q_cols, mask=q_ok, other=0.0))
+        qn_hi = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 256], SH,
+                                          gl.load(q_row + 256 + q_cols, mask=q_ok, other=0.0))
+        qp_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], SH,
+                                         _load_q_rope(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS,
+                                                      BLOCK_M, QP_BL))
     kn_lo = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 256], SH)
     kn_hi = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 256], SH)
     kp_s = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, 64], SH)
@@ -412,10 +420,29 @@ def _fp8_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, KV, stride_kv, lo, hi
 
 
 @gluon.jit
-def _ws_loader_any(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
-                   is_draft, n_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The shipped kernel's loader partition: bf16 rows (k_base: a draft block, or a bf16 pool)
-    as _ws_loader copies them, the rows of an fp8 pool KV as _fp8_loader widens them."""
+def _copy_q(qn_lo, qn_hi, qp_s, q_ready, Q, qo_start, pid_m, n_rows, stride_qt, stride_qh,
+            NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr):
+    """cp.async of the program's BLOCK_M query rows (rows past n_rows read row n_rows - 1 again:
+    their results are never stored), counted on q_ready. Issued by the loader ahead of the first
+    tile, so that Q's latency and the first tile's overlap (session 8)."""
+    rows = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, WS_GATHER)), n_rows - 1)
+    q_row = _q_row_ptrs(Q, qo_start, rows, stride_qt, stride_qh, NUM_HEADS)[:, None]
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GATHER))[None, :]
+    cp.async_copy_global_to_shared(qn_lo, q_row + cols)
+    cp.async_copy_global_to_shared(qn_hi, q_row + 256 + cols)
+    cp.async_copy_global_to_shared(qp_s, q_row + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, WS_GATHER))[None, :])
+    cp.mbarrier_arrive(q_ready, increment_count=False)
+
+
+@gluon.jit
+def _ws_loader_any(qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows,
+                   kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
+                   is_draft, n_tiles, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   NUM_STAGES: gl.constexpr):
+    """The shipped kernel's loader partition: Q first (_copy_q), then bf16 rows (k_base: a draft
+    block, or a bf16 pool) as _ws_loader copies them, or the rows of an fp8 pool KV as
+    _fp8_loader widens them."""
+    _copy_q(qn_lo, qn_hi, qp_s, q_ready, Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, BLOCK_M)
     if KV.dtype.element_ty == gl.bfloat16:
         _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
                    n_tiles, BLOCK_N, NUM_STAGES)
@@ -454,7 +481,7 @@ def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
 
 
 @gluon.jit
-def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
+def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 NUM_STAGES: gl.constexpr):
@@ -472,6 +499,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, read
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
     acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
+    mbarrier.wait(q_ready, 0)  # the loader's copy of Q (_copy_q)
     mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
     fence_async_shared()
     s = _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, 0, zero_s)
@@ -552,7 +580,7 @@ def _verify_split_kernel_gluon_ws(
         o_scale = v_scale
 
     qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s = _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh,
-                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
+                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, True)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N],  # 64-byte rows at BLOCK_N 32
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16))
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -560,12 +588,14 @@ def _verify_split_kernel_gluon_ws(
     kfree = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=32 * WS_LOADER_WARPS)  # one cp.async arrive per loader thread
         mbarrier.init(kfree.index(i), count=2)  # the S group and the V group
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
-    fence_async_shared()  # Q is read by wgmma (the async proxy)
+    mbarrier.init(q_ready, count=32 * WS_LOADER_WARPS)
+    fence_async_shared()
     gl.thread_barrier()
 
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
@@ -574,14 +604,15 @@ def _verify_split_kernel_gluon_ws(
     else:
         loader_regs: gl.constexpr = WS_LOADER_REGS
     acc, m_i, l_i = gl.warp_specialize([
-        (_ws_s_group, (qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                       TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
+        (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
+                       p_free, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
                        NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
         (_ws_v_group, (kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
                        n_tiles, o_scale, BLOCK_M, NUM_STAGES)),
-        (_ws_loader_any, (kn_lo, kn_hi, kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv,
-                          qo_start, lo, hi, is_draft, n_tiles, BLOCK_N, NUM_STAGES)),
+        (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi, kp_s,
+                          ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
+                          is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
     ], [4, WS_LOADER_WARPS], [WS_V_REGS, loader_regs])
 
     # -- partial result (the V group wrote columns 256..511) --
@@ -773,7 +804,7 @@ def _verify_split_kernel_gluon_ss(
     lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
 
     qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s = _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh,
-                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
+                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, False)
     P_SH: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
     # two P buffers, separately allocated and chosen at compile time (a P buffer picked by a
     # run-time index gave wrong results in the group that did not write it)
@@ -1008,7 +1039,7 @@ def _verify_split_kernel_gluon_s64(
     lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
 
     qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s = _q_and_k_buffers(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh,
-                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)
+                                                              NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, False)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16))
     m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], ROW_SH)
