@@ -295,8 +295,9 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
 #     (output columns 0..255). S_{j+1} is issued before the softmax of tile j, so the tensor
 #     core works through it (RESULTS.md, session 4: 118 -> 106 us at 128k);
 #   * worker 1 (the "V" group): the other half of P.V (columns 256..511), as soon as P is there;
-#   * worker 2 (the loader): the latent gathers (cp.async, completion counted on an mbarrier),
-#     so no MMA warp ever waits in the load-store queue.
+#   * worker 2 (the loader): Q, then the latent gathers (cp.async, completion counted on an
+#     mbarrier), so no MMA warp ever waits in the load-store queue; it also widens the rows of an
+#     fp8 pool to bf16 (_fp8_loader, session 8).
 # Shared memory (BLOCK_N = 32, NUM_STAGES = 4): Q 72 KB + 4 x K 36 KB + P 4 KB + row scales;
 # four small buffers let the loader run up to three tiles ahead (two of 64 measured 7% slower).
 # ----------------------------------------------------------------------------------------------
@@ -594,8 +595,8 @@ def _verify_split_kernel_gluon_ws(
         mbarrier.init(kfree.index(i), count=2)  # the S group and the V group
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
-    mbarrier.init(q_ready, count=32 * WS_LOADER_WARPS)
-    fence_async_shared()
+    mbarrier.init(q_ready, count=32 * WS_LOADER_WARPS)  # Q's copies, as a tile's
+    fence_async_shared()  # (the initialised barriers, before the partitions use them)
     gl.thread_barrier()
 
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
