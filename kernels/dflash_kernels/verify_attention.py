@@ -637,7 +637,8 @@ def verify_attention(
         raise ValueError(f"qo_indptr ({qo_indptr.shape[0]}) and kv_indptr ({kv_indptr.shape[0]}) must both be batch + 1 >= 2 long")
     cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config)
     split_fn, split_const, split_opts = split_kernel(cfg, h)
-    if not reads_any_pool(split_fn) and not is_plain_pool(kv.dtype, k_scale, v_scale):
+    reads_scales = reads_any_pool(split_fn)
+    if not reads_scales and not is_plain_pool(kv.dtype, k_scale, v_scale):
         raise ValueError(f"config: {split_fn.__name__} reads an unscaled bfloat16 pool; leave config=None "
                          "(or pass SM90_TRITON) for an fp8 or a scaled pool")
     words = triton.cdiv(mq, 32)
@@ -674,7 +675,7 @@ def verify_attention(
                       sm_scale * LOG2E,
                       q.stride(0), q.stride(1), k_ext.stride(0), kv.stride(0), tree_mask.stride(0),
                       rows_max, ns, batch)
-        if reads_any_pool(split_fn):
+        if reads_scales:
             split_args += (float(k_scale), float(v_scale))
         split_fn[grid](*split_args, **split_const, **split_opts)
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written

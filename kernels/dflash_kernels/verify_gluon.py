@@ -322,11 +322,19 @@ def _gather_rows(slots, n0, hi, is_draft, qo_start, k_base, k_stride, BLOCK_N: g
 
 
 @gluon.jit
+def _copy_latent_rows(dst_lo, dst_hi, dst_pe, rows):
+    """cp.async of 576-value rows (`rows`: their starts, a column in the gather layout) into a
+    tile's two nope halves and its rope part; the caller counts or commits the copies."""
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GATHER))[None, :]
+    cp.async_copy_global_to_shared(dst_lo, rows + cols)
+    cp.async_copy_global_to_shared(dst_hi, rows + 256 + cols)
+    cp.async_copy_global_to_shared(dst_pe, rows + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, WS_GATHER))[None, :])
+
+
+@gluon.jit
 def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
                n_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
     ROW_G: gl.constexpr = gl.SliceLayout(1, WS_GATHER)
-    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GATHER))
-    cols_pe = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_GATHER))
     slots_nx = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
     for j in range(n_tiles):
         buf = j % NUM_STAGES
@@ -336,9 +344,7 @@ def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_s
         rp = _gather_rows(slots, n0, hi, is_draft, qo_start, k_base, k_stride, BLOCK_N)
         # both MMA groups are done with the tile that last used this buffer
         mbarrier.wait(kfree.index(buf), ((j // NUM_STAGES) & 1) ^ 1)
-        cp.async_copy_global_to_shared(kn_lo.index(buf), rp + cols[None, :])
-        cp.async_copy_global_to_shared(kn_hi.index(buf), rp + 256 + cols[None, :])
-        cp.async_copy_global_to_shared(kp_s.index(buf), rp + 512 + cols_pe[None, :])
+        _copy_latent_rows(kn_lo.index(buf), kn_hi.index(buf), kp_s.index(buf), rp)
         cp.mbarrier_arrive(ready.index(buf), increment_count=False)  # fires when they land
 
 
@@ -374,11 +380,7 @@ def _stage_fp8_tile(kn_hi, kp_s, buf, slots, KV, stride_kv, BLOCK_N: gl.constexp
     """cp.async of the pool rows at `slots` (_tile_slots repeats the last row past the slice's
     end) into K buffer buf's staging space; the caller commits the group."""
     s_lo, s_hi, s_pe = _staged_fp8(kn_hi, kp_s, buf, KV.dtype.element_ty, BLOCK_N)
-    row = (KV + slots.to(gl.int64) * stride_kv)[:, None]
-    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GATHER))[None, :]
-    cp.async_copy_global_to_shared(s_lo, row + cols)
-    cp.async_copy_global_to_shared(s_hi, row + 256 + cols)
-    cp.async_copy_global_to_shared(s_pe, row + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, WS_GATHER))[None, :])
+    _copy_latent_rows(s_lo, s_hi, s_pe, (KV + slots.to(gl.int64) * stride_kv)[:, None])
 
 
 @gluon.jit
@@ -427,11 +429,7 @@ def _copy_q(qn_lo, qn_hi, qp_s, q_ready, Q, qo_start, pid_m, n_rows, stride_qt, 
     their results are never stored), counted on q_ready. Issued by the loader ahead of the first
     tile, so that Q's latency and the first tile's overlap (session 8)."""
     rows = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, WS_GATHER)), n_rows - 1)
-    q_row = _q_row_ptrs(Q, qo_start, rows, stride_qt, stride_qh, NUM_HEADS)[:, None]
-    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GATHER))[None, :]
-    cp.async_copy_global_to_shared(qn_lo, q_row + cols)
-    cp.async_copy_global_to_shared(qn_hi, q_row + 256 + cols)
-    cp.async_copy_global_to_shared(qp_s, q_row + 512 + gl.arange(0, 64, layout=gl.SliceLayout(0, WS_GATHER))[None, :])
+    _copy_latent_rows(qn_lo, qn_hi, qp_s, _q_row_ptrs(Q, qo_start, rows, stride_qt, stride_qh, NUM_HEADS)[:, None])
     cp.mbarrier_arrive(q_ready, increment_count=False)
 
 
@@ -444,6 +442,8 @@ def _ws_loader_any(qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, 
     block, or a bf16 pool) as _ws_loader copies them, or the rows of an fp8 pool KV as
     _fp8_loader widens them."""
     _copy_q(qn_lo, qn_hi, qp_s, q_ready, Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, BLOCK_M)
+    # (two branches call _ws_loader: a compile-time test or-ed with a run-time one would build the
+    # fp8 path for a bf16 pool too)
     if KV.dtype.element_ty == gl.bfloat16:
         _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
                    n_tiles, BLOCK_N, NUM_STAGES)
