@@ -35,9 +35,12 @@ DK, DV = 576, 512
 # --kv-dtype: the pool's torch dtype; an fp8 pool gets scales (SGLang's k/v descale) on both sides
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 FP8_SCALES = dict(k_scale=0.5, v_scale=0.5)
-# --config: the plan's own choice for the card and pool, or sm_90's Triton-language config (its
-# fallback without Gluon, and its fp8 path before session 8: one run can set either beside the other)
-CONFIG_CHOICES = {"auto": None, "triton": va.SM90_TRITON}
+# --config: the plan's own choice for the card and pool, sm_90's Triton-language config (its
+# fallback without Gluon, and its fp8 path before session 8: one run can set either beside the
+# other), or sm_120's configs for bf16 and fp8 pools (with DISABLE_MMA_V3=1 on sm_90, the
+# mma.sync code sm_120 runs; sweep_verify.py says why)
+CONFIG_CHOICES = {"auto": None, "triton": va.SM90_TRITON, "sm120": va.CONFIGS["sm120"],
+                  "sm120_fp8": va.CONFIGS["sm120_fp8"]}
 
 
 def ceilings():
@@ -130,7 +133,8 @@ def main():
                     help="the pool's dtype (fp8: scaled)")
     ap.add_argument("--config", choices=sorted(CONFIG_CHOICES), default="auto",
                     help="split kernel config for the table (auto: the plan's choice; triton: sm_90's "
-                         "Triton-language config, SM90_TRITON, its fallback without Gluon)")
+                         "Triton-language config, SM90_TRITON, its fallback without Gluon; sm120, "
+                         "sm120_fp8: CONFIGS[...])")
     a = ap.parse_args()
     kv_dtype = KV_DTYPES[a.kv_dtype]
     if a.sweep and kv_dtype != torch.bfloat16:

@@ -51,6 +51,26 @@ VARIANTS = {
     # P.V half of the other group's tile
     "gluon-s64": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, seesaw=True),
     "gluon-s64-sf": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, seesaw=True, s_before_pv=True),
+    # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
+    # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
+    # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the
+    # H200 times sm_120's code path, on another chip (without it, 64-row tiles become wgmma).
+    # sm_120 holds 100 KB of shared memory an SM, so these run one program an SM there:
+    # sm120-w2 (two programs an SM) is only possible on the H200.
+    "sm120": va.CONFIGS["sm120"],
+    "sm120-w2": V(32, 16, 4, 2, waves=2.0),
+    "sm120-m32n16w8": V(32, 16, 8, 2),
+    "sm120-m32n32w8": V(32, 32, 8, 2),
+    "sm120-m32n32w8-idx": V(32, 32, 8, 2, idx_ahead=True),
+    "sm120-m64n16w8": V(64, 16, 8, 2),
+    "sm120-m16n32w4": V(16, 32, 4, 2),
+    "sm120-m32n16w16-idx": V(32, 16, 16, 2, idx_ahead=True),
+    "sm120-m16n32w8-idx": V(16, 32, 8, 2, idx_ahead=True),
+    "sm120-m32n16w8-idx": V(32, 16, 8, 2, idx_ahead=True),
+    # and for fp8 pools (sm120_fp8 is the shipped one), within 99 KB with their fp8 staging
+    "sm120_fp8": va.CONFIGS["sm120_fp8"],
+    "sm120_fp8-m16n32w8-idx": V(16, 32, 8, 2, idx_ahead=True),
+    "sm120_fp8-m16n32w4-idx": V(16, 32, 4, 2, idx_ahead=True),
 }
 # Variants measured in session 2 and then removed from the code because they lost (RESULTS.md,
 # history 4d, 6a, 6b; their logs are in bench/results/h200_2026-11-29_s2_sweep*.log): "sp-*" (P
@@ -59,23 +79,25 @@ VARIANTS = {
 # version 6c; the sweep logs before _sweep5 ran version 5 (_sweep2) or 6.
 
 
-def check(cfg):
+def check(cfg, kv_dtype=torch.bfloat16):
     """Largest output relative error and largest lse error over a few problems that exercise
-    masks, slices and row blocks (the GPU tests' bounds: 1e-2 and 2e-3)."""
+    masks, slices and row blocks (the GPU tests' bounds: 1e-2 and 2e-3); an fp8 pool is scaled
+    as bench_verify.py scales it."""
     worst, worst_lse = 0.0, 0.0
+    scales = bv._scales(kv_dtype)
     for lens, ts, h, mask in (([0, 40_000, 333, 64], [64, 33, 16, 1], 8, "tree"),
                               ([131_072], [16], 8, "chain"),
                               ([33_000, 5], [16, 3], 16, "tree")):
-        case = make_case(lens, ts, h, mask=mask)
+        case = make_case(lens, ts, h, mask=mask, kv_dtype=kv_dtype)
         n = case["q"].shape[0]
         out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         lse = torch.full((n, h), float("nan"), dtype=torch.float32, device="cuda")
         va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
                             case["kv_indptr"], case["qo_indptr"], case["tree_mask"], SM_SCALE,
-                            out=out, lse=lse, max_q_len=case["max_q_len"], config=cfg)
+                            out=out, lse=lse, max_q_len=case["max_q_len"], config=cfg, **scales)
         ref_o, ref_lse = va.reference_verify_attention(
             case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
-            case["qo_indptr"], case["blocks"], SM_SCALE)
+            case["qo_indptr"], case["blocks"], SM_SCALE, **scales)
         if torch.isnan(out).any() or torch.isnan(lse).any():
             return float("nan"), float("nan")
         worst = max(worst, rel_err(out, ref_o))
@@ -89,7 +111,9 @@ def main():
     ap.add_argument("--points", default="131072:16,131072:64,32768:16", help="L:t or L1+L2+...:t, comma-separated")
     ap.add_argument("--phases", action="store_true",
                     help="also time plan + split alone and the merge alone (graph replay)")
+    ap.add_argument("--kv-dtype", choices=sorted(bv.KV_DTYPES), default="bf16", help="the pool's dtype (fp8: scaled)")
     a = ap.parse_args()
+    kv_dtype = bv.KV_DTYPES[a.kv_dtype]
     names = a.variants.split(",")
     # a point is L:t, or L1+L2+...:t for a batch of requests of those prefix lengths
     points = [(tuple(int(x) for x in p.split(":")[0].split("+")), int(p.split(":")[1]))
@@ -97,14 +121,14 @@ def main():
     torch.manual_seed(0)
     bw, mm = bv.ceilings()
     head = dict(device=torch.cuda.get_device_name(), copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12,
-                triton=bv.triton.__version__, torch=torch.__version__)
+                triton=bv.triton.__version__, torch=torch.__version__, kv_dtype=a.kv_dtype)
     print(json.dumps(head), flush=True)
     rows = []
     for name in names:
         cfg = VARIANTS[name]
         t0 = time.time()
         try:
-            err, err_lse = check(cfg)
+            err, err_lse = check(cfg, kv_dtype)
         except Exception as e:  # does not compile or does not fit: report and go on
             print(f"{name}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
             rows.append(dict(name=name, cfg=str(cfg), error=f"{type(e).__name__}: {str(e)[:300]}"))
@@ -116,8 +140,8 @@ def main():
         if ok:
             for lens, t in points:
                 L = "+".join(map(str, lens))
-                ms, ms_g, ns, *phase = bv.time_ours(list(lens), t, 8, cfg, sets=1, phases=a.phases)
-                byt, fl = bv.work(lens, t, 8)
+                ms, ms_g, ns, *phase = bv.time_ours(list(lens), t, 8, cfg, sets=1, phases=a.phases, kv_dtype=kv_dtype)
+                byt, fl = bv.work(lens, t, 8, kv_dtype)
                 floor = max(byt / bw, fl / mm) * 1e6
                 r["times"][f"{L}:{t}"] = dict(us=ms * 1e3, us_graph=ms_g * 1e3, splits=ns, floor_us=floor,
                                               **(phase[0] if phase else {}))

@@ -67,9 +67,9 @@ class CompileOnlyDriver:
 
 
 def _jit_kernels(arch: int) -> list:
-    """The JIT functions the launcher calls for `arch` (one split kernel reads every pool)."""
-    split = va.split_kernel(va.config_for_arch(arch // 10, arch % 10), heads=8)[0]
-    return [va._verify_plan_kernel, split, va._verify_merge_kernel]
+    """The JIT functions the launcher calls for `arch`, for every pool it takes."""
+    splits = {va.split_kernel(va.config_for_arch(arch // 10, arch % 10, kv), heads=8)[0] for kv in _pool_dtypes(arch)}
+    return [va._verify_plan_kernel, *splits, va._verify_merge_kernel]
 
 
 @contextlib.contextmanager
@@ -114,7 +114,7 @@ def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, wit
     kv_dtype, with scales when it is fp8) and the config the launcher picks for `arch`, as
     SGLang's plugin gets it."""
     scale = 1.0 if kv_dtype == torch.bfloat16 else 0.5
-    cfg = va.config_for_arch(arch // 10, arch % 10)
+    cfg = va.config_for_arch(arch // 10, arch % 10, kv_dtype)
     n_tok = batch * draft_tokens
     q = torch.zeros(n_tok, heads, va.D_LATENT, dtype=torch.bfloat16, device=device)
     pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device).to(kv_dtype)

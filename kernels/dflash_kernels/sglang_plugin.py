@@ -126,7 +126,7 @@ class MlaVerify:
             tree = va.pack_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, max_q_len, num_tokens=n_tok)
         else:
             tree = chain_or_full_mask(qo_indptr, n_tok, max_q_len, causal)
-        cfg, ns, mq = va.plan(q, batch, max_q_len)
+        cfg, ns, mq = va.plan(q, batch, max_q_len, kv_dtype=k_buffer.dtype)
         key = (q.device, batch, h, mq, ns)
         ws = self._workspaces.get(key)
         if ws is None:

@@ -368,7 +368,16 @@ CONFIGS = {
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
                          warp_specialized=True),
-    "sm120": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
+    # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Triton-language
+    # kernel, 32 rows x 32 latents over 8 warps with the slot indices loaded a tile ahead: 76 KB,
+    # 183 registers, no spill in the sm_120a build. Not run on an sm_120 card; chosen on the
+    # H200 running the same mma.sync code (DISABLE_MMA_V3=1, RESULTS.md session 9): 1.5x faster
+    # at 128k than the 32 x 16, 4-warp tile it replaces, the fastest of the tiles that fit.
+    "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, idx_ahead=True),
+    # sm_120, fp8 pools: the same kernel keeps each fp8 tile and its bf16 widening in shared
+    # memory, so the 32 x 32 tile takes 113 KB; the 32 x 16 tile (sm_120's for every pool until
+    # session 9) fits in 93 KB.
+    "sm120_fp8": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
 MERGE_NUM_WARPS = 4
@@ -464,13 +473,22 @@ def reads_any_pool(split_fn) -> bool:
     return "k_scale" in split_fn.arg_names
 
 
-def config_for_arch(major: int, minor: int = 0) -> VerifyConfig:
-    """The config of an arch, for every pool dtype and scale (each arch's kernel reads them all)."""
+def config_key(major: int, fp8_pool: bool = False) -> str:
+    """The CONFIGS entry of an arch for a bf16 or an fp8 pool (only sm_120 tells them apart)."""
     if major == 9:
-        return CONFIGS["sm90"] if gluon_available() else SM90_TRITON
+        return "sm90"
     if major >= 12:
-        return CONFIGS["sm120"]
-    return CONFIGS["sm80"]
+        return "sm120_fp8" if fp8_pool else "sm120"
+    return "sm80"
+
+
+def config_for_arch(major: int, minor: int = 0, kv_dtype=None) -> VerifyConfig:
+    """The config of an arch for a pool of kv_dtype (None: bfloat16), scaled or not; on sm_90 the
+    Gluon kernel, or the Triton-language one where Gluon is unavailable."""
+    if major == 9 and not gluon_available():
+        return SM90_TRITON
+    fp8 = kv_dtype is not None and kv_dtype != torch.bfloat16
+    return CONFIGS[config_key(major, fp8)]
 
 
 _DEVICE_CACHE: dict = {}
@@ -542,10 +560,11 @@ def alloc_workspace(batch, num_heads, max_q_len, num_splits, device):
 
 
 def plan(q: torch.Tensor, batch: int, max_q_len: int | None = None, num_splits: int | None = None,
-         config: VerifyConfig | None = None, waves: float | None = None):
-    """Static launch plan (config, num_splits, max_q_len) from shapes and the device only."""
+         config: VerifyConfig | None = None, waves: float | None = None, kv_dtype=None):
+    """Static launch plan (config, num_splits, max_q_len) from shapes, the pool's dtype and the
+    device only."""
     major, minor, sms = _device_info(q.device)
-    cfg = config or config_for_arch(major, minor)
+    cfg = config or config_for_arch(major, minor, kv_dtype)
     h = q.shape[1]
     mq = int(max_q_len) if max_q_len is not None else q.shape[0]
     row_blocks = triton.cdiv(mq * h, cfg.block_m)
@@ -635,7 +654,7 @@ def verify_attention(
     batch = qo_indptr.shape[0] - 1
     if batch < 1 or kv_indptr.shape[0] != batch + 1:
         raise ValueError(f"qo_indptr ({qo_indptr.shape[0]}) and kv_indptr ({kv_indptr.shape[0]}) must both be batch + 1 >= 2 long")
-    cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config)
+    cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config, kv_dtype=kv.dtype)
     split_fn, split_const, split_opts = split_kernel(cfg, h)
     reads_scales = reads_any_pool(split_fn)
     if not reads_scales and not is_plain_pool(kv.dtype, k_scale, v_scale):

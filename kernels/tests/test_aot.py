@@ -11,6 +11,8 @@ import triton
 from dflash_kernels import aot
 from dflash_kernels.verify_attention import MERGE_TILE_FEW, MERGE_TILE_MANY
 
+va = aot.va
+
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 SM120_SMEM_LIMIT = 101376  # 99 KB per block on sm_120 (RTX PRO 6000 / RTX 50xx)
 SM90_SMEM_LIMIT = 227 * 1024  # per block on the H100 / H200
@@ -50,6 +52,13 @@ def test_manifest(built):
     for arch in (120, 90):
         for name in {"verify_plan"} | SPLIT_NAMES | MERGE_NAMES:
             assert (arch, name) in names
+    # sm_120 runs a smaller tile for fp8 pools, and its plan kernel rounds slices to that tile
+    assert (120, "verify_plan_sm120_fp8") in names and (90, "verify_plan_sm120_fp8") not in names
+    tiles = {(k["arch"], k["name"]): k["constexprs"]["BLOCK_N"] for k in manifest["kernels"]
+             if k["name"].startswith(("verify_split", "verify_plan"))}
+    assert tiles[120, "verify_split"] == tiles[120, "verify_plan"] == va.CONFIGS["sm120"].block_n
+    for name in ("verify_split_fp8e4m3", "verify_split_fp8e5m2", "verify_plan_sm120_fp8"):
+        assert tiles[120, name] == va.CONFIGS["sm120_fp8"].block_n != va.CONFIGS["sm120"].block_n
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
         assert k["symbol"].startswith("_verify_")
@@ -58,7 +67,9 @@ def test_manifest(built):
 def test_sm120_cubin_is_sm120_mma_sync_only(built):
     out, manifest = built
     cubins = sorted(glob.glob(os.path.join(out, "sm_120", "*.cubin")))
-    assert len(cubins) == 8  # plan, split for three pool dtypes, merge with and without LSE at two tiles
+    # plan for the bf16 and the fp8 pools' configs, split for three pool dtypes, merge with and
+    # without LSE at two tiles
+    assert len(cubins) == 9
     for c in cubins:
         sass = _sass(c)
         assert re.search(r"code for sm_120a?\b", sass), f"{c}: not sm_120 code"
@@ -86,7 +97,7 @@ def test_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     with open(tmp_path / "manifest.json") as f:
         m = json.load(f)
-    assert {k["name"] for k in m["kernels"]} == {"verify_plan"} | SPLIT_NAMES | MERGE_NAMES
+    assert {k["name"] for k in m["kernels"]} == {"verify_plan", "verify_plan_sm120_fp8"} | SPLIT_NAMES | MERGE_NAMES
 
 
 def _aot_check(tmp_path, *args):
