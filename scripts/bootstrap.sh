@@ -8,7 +8,8 @@ say() { echo "[bootstrap] $*" >&2; }
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need_pkgs=()
-command -v docker >/dev/null || need_pkgs+=(docker.io)
+# the engine, not only a client: a machine may carry a docker CLI without dockerd
+command -v docker >/dev/null && command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v rsync >/dev/null || need_pkgs+=(rsync)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
