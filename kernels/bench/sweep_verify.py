@@ -67,6 +67,11 @@ VARIANTS = {
     "sm120-m32n16w16-idx": V(32, 16, 16, 2, idx_ahead=True),
     "sm120-m16n32w8-idx": V(16, 32, 8, 2, idx_ahead=True),
     "sm120-m32n16w8-idx": V(32, 16, 8, 2, idx_ahead=True),
+    # Triton lays both dots over [1, num_warps] warps: with 8 warps a 32-wide S is computed twice
+    # and every warp reads all of Q (ncu, RESULTS.md session 9); 4 warps do neither, but spill
+    # 96 bytes in the sm_120a build
+    "sm120-m32n32w4": V(32, 32, 4, 2),
+    "sm120-m32n32w4-idx": V(32, 32, 4, 2, idx_ahead=True),
     # and for fp8 pools (sm120_fp8 is the shipped one), within 99 KB with their fp8 staging
     "sm120_fp8": va.CONFIGS["sm120_fp8"],
     "sm120_fp8-m16n32w8-idx": V(16, 32, 8, 2, idx_ahead=True),

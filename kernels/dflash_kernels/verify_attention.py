@@ -369,11 +369,13 @@ CONFIGS = {
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
                          warp_specialized=True),
     # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Triton-language
-    # kernel, 32 rows x 32 latents over 8 warps with the slot indices loaded a tile ahead: 76 KB,
-    # 183 registers, no spill in the sm_120a build. Not run on an sm_120 card; chosen on the
-    # H200 running the same mma.sync code (DISABLE_MMA_V3=1, RESULTS.md session 9): 1.5x faster
-    # at 128k than the 32 x 16, 4-warp tile it replaces, the fastest of the tiles that fit.
-    "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, idx_ahead=True),
+    # kernel, 32 rows x 32 latents over 4 warps: 76 KB, 255 registers and a 96-byte spill (values
+    # set before the loop, reloaded in it) in the sm_120a build. Triton lays both dots over
+    # [1, num_warps] warps, so with 8 warps each S would be computed twice and every warp would
+    # read all of Q; 4 warps do neither. Not run on an sm_120 card; chosen on the H200 running
+    # the same mma.sync code (DISABLE_MMA_V3=1, RESULTS.md session 9): 1.7x faster at 128k than
+    # the 32 x 16 tile it replaces, the fastest of the tiles that fit.
+    "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=4, num_stages=2),
     # sm_120, fp8 pools: the same kernel keeps each fp8 tile and its bf16 widening in shared
     # memory, so the 32 x 32 tile takes 113 KB; the 32 x 16 tile (sm_120's for every pool until
     # session 9) fits in 93 KB.

@@ -217,8 +217,7 @@ CANDIDATES = [
     va.VerifyConfig(64, 64, 8, 2, 64, True), va.VerifyConfig(64, 64, 8, 2, 64, False),
     va.VerifyConfig(64, 32, 8, 3, 64, True), va.VerifyConfig(64, 32, 8, 4, 64, True),
     va.VerifyConfig(64, 32, 8, 2), va.VerifyConfig(64, 16, 8, 4),
-    va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # sm_80's tile, sm_120's before session 9
-    va.CONFIGS["sm120"],
+    va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # sm_80's and sm_120_fp8's tile, sm_120's
     va.VerifyConfig(32, 32, 4, 2, 64, True, 2.0), va.VerifyConfig(32, 16, 4, 3, 64, True, 2.0),
     va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
     va.VerifyConfig(64, 64, 8, 1, 64, gluon=True),  # the Gluon split kernel (sm_90 only)
