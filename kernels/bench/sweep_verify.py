@@ -72,6 +72,9 @@ VARIANTS = {
     # 96 bytes in the sm_120a build
     "sm120-m32n32w4": V(32, 32, 4, 2),
     "sm120-m32n32w4-idx": V(32, 32, 4, 2, idx_ahead=True),
+    # tiles small enough for two programs an SM on sm_120 too (under 50 KB and 32 K registers)
+    "sm120-m16n16w4-w2": V(16, 16, 4, 2, waves=2.0),
+    "sm120-m16n16w4s3-w2": V(16, 16, 4, 3, waves=2.0),
     # and for fp8 pools (sm120_fp8 is the shipped one), within 99 KB with their fp8 staging
     "sm120_fp8": va.CONFIGS["sm120_fp8"],
     "sm120_fp8-m16n32w8-idx": V(16, 32, 8, 2, idx_ahead=True),
