@@ -72,6 +72,8 @@ VARIANTS = {
     # 96 bytes in the sm_120a build
     "sm120-m32n32w4": V(32, 32, 4, 2),
     "sm120-m32n32w4-idx": V(32, 32, 4, 2, idx_ahead=True),
+    # the Gluon kernel over S^T for mma.sync GPUs (verify_mma2.py): Q in registers, 8 warps
+    "sm120-mma2": V(32, 32, 8, 2, mma2=True),
     # tiles small enough for two programs an SM on sm_120 too (under 50 KB and 32 K registers)
     "sm120-m16n16w4-w2": V(16, 16, 4, 2, waves=2.0),
     "sm120-m16n16w4s3-w2": V(16, 16, 4, 3, waves=2.0),

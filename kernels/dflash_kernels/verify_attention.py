@@ -348,6 +348,7 @@ class VerifyConfig:
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
     seesaw: bool = False  # with warp_specialized: two alike MMA groups that take turns at S (verify_gluon.py)
     s_before_pv: bool = False  # with seesaw and block_n 64: the next tile's S issued before the P.V half
+    mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py), bf16 pools
     # merge kernel (output columns per program, partials loaded at once); None: chosen from the
     # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
@@ -368,14 +369,12 @@ CONFIGS = {
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
                          warp_specialized=True),
-    # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Triton-language
-    # kernel, 32 rows x 32 latents over 4 warps: 76 KB, 255 registers and a 96-byte spill (values
-    # set before the loop, reloaded in it) in the sm_120a build. Triton lays both dots over
-    # [1, num_warps] warps, so with 8 warps each S would be computed twice and every warp would
-    # read all of Q; 4 warps do neither. Not run on an sm_120 card; chosen on the H200 running
-    # the same mma.sync code (DISABLE_MMA_V3=1, RESULTS.md session 9): 1.7x faster at 128k than
-    # the 32 x 16 tile it replaces, the fastest of the tiles that fit.
-    "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=4, num_stages=2),
+    # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only), bf16 pools: the Gluon
+    # kernel over S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers:
+    # 80 KB, 244 registers, no spill in the sm_120a build. Not run on an sm_120 card; measured on
+    # the H200 running mma.sync code (RESULTS.md session 9): 1.5x faster at 128k than the best
+    # Triton-language tile (SM120_TRITON), 2.6x faster than sm_120's tile before session 9.
+    "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, mma2=True),
     # sm_120, fp8 pools: the same kernel keeps each fp8 tile and its bf16 widening in shared
     # memory, so the 32 x 32 tile takes 113 KB; the 32 x 16 tile (sm_120's for every pool until
     # session 9) fits in 93 KB.
@@ -407,6 +406,11 @@ PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) if torch is not None else ()
 
 
+# sm_120 where Gluon cannot be imported: the best Triton-language tile, 32 rows x 32 latents over
+# 4 warps (76 KB, a 96-byte spill of values set before the loop). Triton lays both dots over
+# [1, num_warps] warps, so with 8 warps each S would be computed twice and every warp would read
+# all of Q; 4 warps do neither. 1.7x faster at 128k than the 32 x 16 tile (RESULTS.md session 9).
+SM120_TRITON = VerifyConfig(block_m=32, block_n=32, num_warps=4, num_stages=2)
 # sm_90 where verify_gluon.py cannot be imported (a Triton other than the one it is written for:
 # Gluon's API is experimental): the best Triton-language config on the H200, 1.8x slower at 128k.
 SM90_TRITON = VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, min_chunk=64, idx_ahead=True)
@@ -414,16 +418,17 @@ _GLUON_OK: bool | None = None
 
 
 def gluon_available() -> bool:
-    """Whether this Triton runs the Gluon split kernel (checked once; logged when it does not)."""
+    """Whether this Triton runs the Gluon split kernels (checked once; logged when it does not)."""
     global _GLUON_OK
     if _GLUON_OK is None:
         try:
             importlib.import_module(".verify_gluon", __package__)
+            importlib.import_module(".verify_mma2", __package__)
             _GLUON_OK = True
         except Exception as exc:  # ImportError, or an API that changed between Triton releases
             logging.getLogger(__name__).warning(
-                "dflash_kernels: the Gluon split kernel is unavailable with Triton %s (%s: %s); "
-                "sm_90 uses the Triton-language kernel", triton.__version__, type(exc).__name__, exc)
+                "dflash_kernels: the Gluon split kernels are unavailable with Triton %s (%s: %s); "
+                "sm_90 and sm_120 use the Triton-language kernel", triton.__version__, type(exc).__name__, exc)
             _GLUON_OK = False
     return _GLUON_OK
 
@@ -434,6 +439,9 @@ def split_kernel(cfg: VerifyConfig, heads: int):
     const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     # (num_stages: only part of the cache key for the Gluon kernels, which pipeline by hand)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.mma2:
+        verify_mma2 = importlib.import_module(".verify_mma2", __package__)
+        return verify_mma2._verify_split_kernel_mma2, const, opts
     if not cfg.gluon:
         return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
@@ -485,12 +493,13 @@ def config_key(major: int, fp8_pool: bool = False) -> str:
 
 
 def config_for_arch(major: int, minor: int = 0, kv_dtype=None) -> VerifyConfig:
-    """The config of an arch for a pool of kv_dtype (None: bfloat16), scaled or not; on sm_90 the
-    Gluon kernel, or the Triton-language one where Gluon is unavailable."""
-    if major == 9 and not gluon_available():
-        return SM90_TRITON
+    """The config of an arch for a pool of kv_dtype (None: bfloat16), scaled or not; a Gluon
+    kernel's arch falls back to a Triton-language config where Gluon is unavailable."""
     fp8 = kv_dtype is not None and kv_dtype != torch.bfloat16
-    return CONFIGS[config_key(major, fp8)]
+    cfg = CONFIGS[config_key(major, fp8)]
+    if (cfg.gluon or cfg.mma2) and not gluon_available():
+        return SM90_TRITON if major == 9 else SM120_TRITON
+    return cfg
 
 
 _DEVICE_CACHE: dict = {}
@@ -662,6 +671,9 @@ def verify_attention(
     if not reads_scales and not is_plain_pool(kv.dtype, k_scale, v_scale):
         raise ValueError(f"config: {split_fn.__name__} reads an unscaled bfloat16 pool; leave config=None "
                          "(or pass SM90_TRITON) for an fp8 or a scaled pool")
+    if cfg.mma2 and kv.dtype != torch.bfloat16:
+        raise ValueError(f"config: {split_fn.__name__} reads a bfloat16 pool; leave config=None "
+                         "(or pass SM120_TRITON) for an fp8 pool")
     words = triton.cdiv(mq, 32)
     if tree_mask.dtype != torch.int32 or tree_mask.dim() != 2 or tree_mask.shape[0] != n_tok \
             or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:

@@ -77,6 +77,11 @@ def test_sm120_cubin_is_sm120_mma_sync_only(built):
         assert not bad, f"{c}: Hopper-only instructions {bad}"
     for name in SPLIT_NAMES:  # mma.sync tensor-core path; an fp8 pool is widened to bf16 first
         assert "HMMA.16816.F32.BF16" in _sass(os.path.join(out, "sm_120", name + "_h8.cubin")), name
+    # bf16 pools run the Gluon kernel over S^T: a warp's 36 mma.sync of S^T (16 latents x 8 rows
+    # over 576) and 32 of O^T (64 columns x 32 rows over 32 latents), none repeated
+    symbols = {k["name"]: k["symbol"] for k in manifest["kernels"] if k["arch"] == 120}
+    assert symbols["verify_split"] == "_verify_split_kernel_mma2"
+    assert _sass(os.path.join(out, "sm_120", "verify_split_h8.cubin")).count("HMMA.16816.F32.BF16") == 36 + 32
     for k in manifest["kernels"]:  # every kernel fits a block of its arch (fp8 splits take more)
         assert k["shared_bytes"] <= SMEM_LIMITS[k["arch"]], k
 

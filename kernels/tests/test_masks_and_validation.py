@@ -81,6 +81,10 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=seesaw)
     with pytest.raises(ValueError, match="_verify_split_kernel_gluon_ss reads an unscaled bfloat16 pool"):
         va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=seesaw, k_scale=0.5)
+    # sm_120's Gluon kernel takes a scaled bf16 pool, not an fp8 one
+    with pytest.raises(ValueError, match="_verify_split_kernel_mma2 reads a bfloat16 pool"):
+        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE,
+                            config=va.CONFIGS["sm120"])
     with pytest.raises(TypeError, match="kv_indices"):
         va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="kv_indptr"):
@@ -107,9 +111,10 @@ def test_cuda_required_outside_interpreter():
                             case["qo_indptr"], case["tree_mask"], SM_SCALE)
 
 
-def test_sm90_falls_back_to_the_triton_kernel_without_gluon(monkeypatch):
-    """A Triton whose Gluon API differs must not break verify on sm_90: the Triton-language
-    kernel serves instead (the Gluon module is imported once, here made to fail)."""
+def test_gluon_archs_fall_back_to_the_triton_kernel_without_gluon(monkeypatch):
+    """A Triton whose Gluon API differs must not break verify on sm_90 or sm_120: the
+    Triton-language kernel serves instead (the Gluon modules are imported once, here made to
+    fail)."""
     real_import = va.importlib.import_module
 
     def failing_import(name, package=None):
@@ -120,10 +125,13 @@ def test_sm90_falls_back_to_the_triton_kernel_without_gluon(monkeypatch):
     monkeypatch.setattr(va, "_GLUON_OK", None)
     monkeypatch.setattr(va.importlib, "import_module", failing_import)
     assert va.config_for_arch(9, 0) == va.SM90_TRITON and not va.SM90_TRITON.gluon
-    assert va.config_for_arch(12, 0) == va.CONFIGS["sm120"]  # unaffected
+    # sm_120's bf16 pools fall back to the Triton-language tile; its fp8 pools run it anyway
+    assert va.config_for_arch(12, 0) == va.SM120_TRITON and not va.SM120_TRITON.mma2
+    assert va.config_for_arch(12, 0, torch.float8_e4m3fn) == va.CONFIGS["sm120_fp8"]
     monkeypatch.setattr(va, "_GLUON_OK", None)
     monkeypatch.setattr(va.importlib, "import_module", real_import)
     assert va.config_for_arch(9, 0) == va.CONFIGS["sm90"] and va.CONFIGS["sm90"].gluon  # Triton 3.6 here
+    assert va.config_for_arch(12, 0) == va.CONFIGS["sm120"] and va.CONFIGS["sm120"].mma2
 
 
 def test_every_pool_runs_the_shipped_kernels():
@@ -131,7 +139,8 @@ def test_every_pool_runs_the_shipped_kernels():
     widens an fp8 pool's rows, session 8). Only sm_120 picks its config by the pool: its bf16
     tile would not fit 99 KB with an fp8 pool's staging. The Gluon candidates read unscaled bf16
     only (the launcher refuses them other pools: test_validation_errors)."""
-    for cfg in (va.CONFIGS["sm90"], va.SM90_TRITON, va.CONFIGS["sm120"], va.CONFIGS["sm120_fp8"], va.CONFIGS["sm80"]):
+    for cfg in (va.CONFIGS["sm90"], va.SM90_TRITON, va.CONFIGS["sm120"], va.SM120_TRITON, va.CONFIGS["sm120_fp8"],
+                va.CONFIGS["sm80"]):
         assert va.reads_any_pool(va.split_kernel(cfg, 8)[0]), cfg
     for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
         assert va.config_for_arch(12, 0, fp8) == va.CONFIGS["sm120_fp8"]

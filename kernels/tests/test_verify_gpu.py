@@ -149,6 +149,15 @@ def test_fp8_pool_every_shape(kv_dtype):
         _check(case, *_run(case, **scales), **scales)
 
 
+def test_sm120_kernel_scaled_bf16_pool_every_shape():
+    """sm_120's Gluon kernel (mma.sync, so it runs here too) with a scaled bf16 pool through the
+    candidates' shapes, a paged pool and 16 heads."""
+    scales = dict(k_scale=0.37, v_scale=1.9)
+    for case in (make_case([0, 40_000, 333, 64], [64, 33, 16, 1], 8, mask="tree"),
+                 make_case([3000, 50_000, 17], [16, 16, 16], 16, mask="tree", page_size=16)):
+        _check(case, *_run(case, config=va.CONFIGS["sm120"], **scales), **scales)
+
+
 def test_pack_custom_mask_matches_sglang_layout():
     from cases import sglang_custom_mask
     case = make_case([100, 0, 5000], [16, 5, 64], 8, mask="tree", max_q_len=64)
@@ -217,7 +226,8 @@ CANDIDATES = [
     va.VerifyConfig(64, 64, 8, 2, 64, True), va.VerifyConfig(64, 64, 8, 2, 64, False),
     va.VerifyConfig(64, 32, 8, 3, 64, True), va.VerifyConfig(64, 32, 8, 4, 64, True),
     va.VerifyConfig(64, 32, 8, 2), va.VerifyConfig(64, 16, 8, 4),
-    va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # sm_80's and sm_120_fp8's tile, sm_120's
+    va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # sm_80's and sm120_fp8's; SM120_TRITON
+    va.CONFIGS["sm120"],  # sm_120's Gluon kernel over S^T (mma.sync runs on sm_90 too)
     va.VerifyConfig(32, 32, 4, 2, 64, True, 2.0), va.VerifyConfig(32, 16, 4, 3, 64, True, 2.0),
     va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
     va.VerifyConfig(64, 64, 8, 1, 64, gluon=True),  # the Gluon split kernel (sm_90 only)

@@ -1,0 +1,176 @@
+"""The split kernel sm_120 runs for bf16 pools (RESULTS.md, session 9), for mma.sync GPUs, in
+Triton's Gluon dialect.
+
+Same contract as ``verify_attention._verify_split_kernel`` for a bf16 pool, scaled or not (same
+arguments, plan and partial outputs; fp8 pools run that kernel). What it does that the
+Triton-language kernel cannot get from the compiler on sm_120 (99 KB of shared memory a block):
+
+  * it computes S^T = K.Q^T (latents x query rows) instead of S = Q.K^T, so Q is the B operand:
+    over 8 warps as [2, 4], a warp holds its 8 query rows' 576 values in registers
+    (72 a thread), loaded once, and no tile of S is computed twice;
+  * P.V becomes O^T = V^T.P^T, over 8 warps along the 512 output columns: V^T is read from the
+    K buffer it came in with, P^T goes through 2 KB of shared memory;
+  * so shared memory holds two 32-latent K buffers (72 KB) and P^T, and never Q.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
+from .verify_gluon import _issue_tile, _q_row_ptrs, _tile_slots
+
+KC = gl.constexpr(64)  # latent columns per step of S^T (9 steps: 8 of the nope part, the rope part)
+
+
+@gluon.jit
+def _q_t_chunk(Q, qo_start, rows, n_rows, stride_qt, stride_qh, c0, NUM_HEADS: gl.constexpr,
+               QT_BL: gl.constexpr, QT_L: gl.constexpr):
+    """Q^T columns c0 .. c0 + 64 of the program's rows, as the B operand of S^T (0 past n_rows)."""
+    k = c0 + gl.arange(0, KC, layout=gl.SliceLayout(1, QT_BL))
+    ptrs = _q_row_ptrs(Q, qo_start, rows, stride_qt, stride_qh, NUM_HEADS)
+    q = gl.load(ptrs[None, :] + k[:, None], mask=(rows < n_rows)[None, :], other=0.0)
+    return gl.convert_layout(q, QT_L)
+
+
+@gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
+def _verify_split_kernel_mma2(
+    Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
+    PART_O, PART_LSE,
+    qk_scale,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    rows_max, NUM_SPLITS, BATCH,
+    k_scale, v_scale,
+    NUM_HEADS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):
+    gl.static_assert(BLOCK_M == 32)
+    gl.static_assert(BLOCK_N == 32)
+    gl.static_assert(gl.num_warps() == 8)
+    # S^T (latents x rows) over [2, 4] warps: a warp computes 16 latents x 8 rows
+    ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 4], instr_shape=[16, 8])
+    # O^T (512 columns x rows) over [8, 1] warps: a warp owns 64 output columns of every row
+    OT_L: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[8, 1], instr_shape=[16, 8])
+    K_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ST_L, k_width=2)
+    QT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ST_L, k_width=2)
+    VT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=OT_L, k_width=2)
+    PT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=OT_L, k_width=2)
+    QT_BL: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 8], [0, 1])  # Q^T (64, rows) load
+    # latent gathers: 32 rows of 64 values a layout tile, 16 bytes a thread and copy
+    GL: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 2], [1, 0])
+    ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
+    KN_SH: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])  # rows of 1 KB
+    KP_SH: gl.constexpr = gl.SwizzledSharedLayout(8, 2, 4, [1, 0])  # rows of 128 bytes
+    PT_SH: gl.constexpr = gl.SwizzledSharedLayout(8, 4, 2, [1, 0])  # rows of 64 bytes
+    KEY_S: gl.constexpr = gl.SliceLayout(1, ST_L)  # along S^T's latents
+    ROW_S: gl.constexpr = gl.SliceLayout(0, ST_L)  # along S^T's query rows
+    ROW_O: gl.constexpr = gl.SliceLayout(0, OT_L)
+    # the partial output's store: a warp writes 128 consecutive columns of one row
+    ST_BL: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 8], [0, 1])
+
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    if b >= BATCH:
+        return
+    qo_start = gl.load(QO_INDPTR + b)
+    t_b = gl.load(QO_INDPTR + b + 1) - qo_start
+    n_rows = t_b * NUM_HEADS
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    kv_start = gl.load(KV_INDPTR + b)
+    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
+    idx_ptr = KV_INDICES + kv_start
+    # the pool's scales: scores of pool keys count k_scale times, their values v_scale times;
+    # the draft latents are not scaled
+    score_scale = gl.where(is_draft, qk_scale, qk_scale * k_scale)
+
+    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 512], KN_SH)
+    kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], KP_SH)
+    pt_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_M], PT_SH)
+
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    if n_tiles > 0:
+        slots0 = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
+        _issue_tile(kn_smem.index(0), kp_smem.index(0), slots0, k_base, k_stride, qo_start, lo, hi,
+                    is_draft, BLOCK_N, GL)
+    cp.commit_group()
+
+    # -- Q^T in registers, once: nine 64-column blocks of the B operand --
+    rows_q = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, QT_BL))
+    qt0 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 0, NUM_HEADS, QT_BL, QT_B)
+    qt1 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 64, NUM_HEADS, QT_BL, QT_B)
+    qt2 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 128, NUM_HEADS, QT_BL, QT_B)
+    qt3 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 192, NUM_HEADS, QT_BL, QT_B)
+    qt4 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 256, NUM_HEADS, QT_BL, QT_B)
+    qt5 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 320, NUM_HEADS, QT_BL, QT_B)
+    qt6 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 384, NUM_HEADS, QT_BL, QT_B)
+    qt7 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 448, NUM_HEADS, QT_BL, QT_B)
+    qt8 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 512, NUM_HEADS, QT_BL, QT_B)
+
+    rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    row_ok = rows_s < n_rows
+    mask_row = TREE_MASK + (qo_start + rows_s // NUM_HEADS).to(gl.int64) * stride_mask
+    keys = gl.arange(0, BLOCK_N, layout=KEY_S)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
+    acc = gl.zeros([512, BLOCK_M], gl.float32, layout=OT_L)
+
+    slots_nx = _tile_slots(idx_ptr, lo + BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
+    for j in range(0, n_tiles):
+        buf = j % 2
+        n0 = lo + j * BLOCK_N
+        slots = slots_nx  # of tile j + 1, loaded one iteration ago
+        slots_nx = _tile_slots(idx_ptr, n0 + 2 * BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
+        # tile j is in; every warp is past iteration j - 1, so buffer 1 - buf and P^T are free
+        cp.wait_group(0)
+        gl.thread_barrier()
+        if j + 1 < n_tiles:
+            _issue_tile(kn_smem.index(1 - buf), kp_smem.index(1 - buf), slots, k_base, k_stride,
+                        qo_start, n0 + BLOCK_N, hi, is_draft, BLOCK_N, GL)
+        cp.commit_group()
+        kn = kn_smem.index(buf)
+        s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ST_L)
+        s = mma_v2(kn.slice(0, KC, dim=1).load(K_A), qt0, s)
+        s = mma_v2(kn.slice(64, KC, dim=1).load(K_A), qt1, s)
+        s = mma_v2(kn.slice(128, KC, dim=1).load(K_A), qt2, s)
+        s = mma_v2(kn.slice(192, KC, dim=1).load(K_A), qt3, s)
+        s = mma_v2(kn.slice(256, KC, dim=1).load(K_A), qt4, s)
+        s = mma_v2(kn.slice(320, KC, dim=1).load(K_A), qt5, s)
+        s = mma_v2(kn.slice(384, KC, dim=1).load(K_A), qt6, s)
+        s = mma_v2(kn.slice(448, KC, dim=1).load(K_A), qt7, s)
+        s = mma_v2(kp_smem.index(buf).load(K_A), qt8, s)
+        # mask (latents past hi; a draft tile's tree mask: one 32-bit word a row) and the online
+        # softmax along the latents, S^T's first dimension
+        cols = n0 + keys
+        if is_draft:
+            word = gl.load(mask_row + (n0 >> 5), mask=row_ok, other=0)
+            visible = (((word[None, :] >> (cols & 31)[:, None]) & 1) != 0) & (cols < hi)[:, None]
+            s = gl.where(visible, s, float("-inf"))
+        elif n0 + BLOCK_N > hi:
+            s = gl.where((cols < hi)[:, None], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0) * score_scale)
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_sub)
+        p = gl.exp2(s * score_scale - m_sub[None, :])
+        l_i = l_i * alpha + gl.sum(p, 0)
+        m_i = m_new
+        pt_smem.store(p.to(gl.bfloat16))
+        gl.thread_barrier()
+        acc = acc * gl.convert_layout(alpha, ROW_O)[None, :]
+        acc = mma_v2(kn.permute((1, 0)).load(VT_A), pt_smem.load(PT_B), acc)
+    cp.wait_group(0)
+
+    # -- partial result: normalised output and log2-sum-exp2 of this slice --
+    has = l_i > 0.0
+    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    o_scale = gl.where(is_draft, 1.0, v_scale) / gl.where(has, l_i, 1.0)
+    o = gl.convert_layout(acc * gl.convert_layout(o_scale, ROW_O)[None, :], ST_BL)
+    rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ST_BL))
+    part = pid_s.to(gl.int64) * rows_max + rows_o
+    gl.store(PART_O + part[None, :] * 512 + gl.arange(0, 512, layout=gl.SliceLayout(1, ST_BL))[:, None], o,
+             mask=(rows_o < n_rows)[None, :])
+    gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + rows_s, lse2, mask=row_ok)
