@@ -54,6 +54,8 @@ def _verify_split_kernel_mma2(
     ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 4], instr_shape=[16, 8])
     # O^T (512 columns x rows) over [8, 1] warps: a warp owns 64 output columns of every row
     OT_L: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[8, 1], instr_shape=[16, 8])
+    # k_width 2 is mma.sync's own fragment, which ldmatrix loads; with 8 the compiler rebuilt the
+    # fragments with about 260 register moves a tile, 1.6x slower (RESULTS.md, session 9)
     K_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ST_L, k_width=2)
     QT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ST_L, k_width=2)
     VT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=OT_L, k_width=2)
@@ -99,7 +101,8 @@ def _verify_split_kernel_mma2(
                     is_draft, BLOCK_N, GL)
     cp.commit_group()
 
-    # -- Q^T in registers, once: nine 64-column blocks of the B operand --
+    # -- Q^T in registers, once: nine 64-column blocks of the B operand (nine tensors, so the
+    # steps of S^T below are written out) --
     rows_q = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, QT_BL))
     qt0 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 0, NUM_HEADS, QT_BL, QT_B)
     qt1 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 64, NUM_HEADS, QT_BL, QT_B)
