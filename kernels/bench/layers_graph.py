@@ -69,13 +69,11 @@ def main():
                 layers=a.layers, variant=a.variant or "auto", triton=triton.__version__, torch=torch.__version__)
     print(json.dumps(head), flush=True)
     rows = []
-    for p in a.points.split(","):
-        lens = [int(x) for x in p.split(":")[0].split("+")]
-        t = int(p.split(":")[1])
+    for lens, t in sweep_verify.parse_points(a.points):
         one, per = per_layer_us(lens, t, 8, a.layers, cfg)
         byt, fl = bv.work(lens, t, 8)
         floor = max(byt / bw, fl / mm) * 1e6
-        rows.append(dict(lens=lens, t=t, one_call_graph_us=one, per_layer_us=per, floor_us=floor))
+        rows.append(dict(lens=list(lens), t=t, one_call_graph_us=one, per_layer_us=per, floor_us=floor))
         print(f"L={'+'.join(map(str, lens))} t={t}: one call per graph {one:.1f} us, per layer in a graph of "
               f"{a.layers} {per:.1f} us, floor {floor:.1f} us ({100 * floor / per:.1f}% of it per layer)", flush=True)
     out = os.environ.get("OUT")

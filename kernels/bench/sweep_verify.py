@@ -89,6 +89,11 @@ VARIANTS = {
 # version 6c; the sweep logs before _sweep5 ran version 5 (_sweep2) or 6.
 
 
+def parse_points(text):
+    """[(prefix lengths, t)] from "L:t,L1+L2+...:t,..." (a point of several lengths is a batch)."""
+    return [(tuple(int(x) for x in p.split(":")[0].split("+")), int(p.split(":")[1])) for p in text.split(",")]
+
+
 def check(cfg, kv_dtype=torch.bfloat16):
     """Largest output relative error and largest lse error over a few problems that exercise
     masks, slices and row blocks (the GPU tests' bounds: 1e-2 and 2e-3); an fp8 pool is scaled
@@ -126,8 +131,7 @@ def main():
     kv_dtype = bv.KV_DTYPES[a.kv_dtype]
     names = a.variants.split(",")
     # a point is L:t, or L1+L2+...:t for a batch of requests of those prefix lengths
-    points = [(tuple(int(x) for x in p.split(":")[0].split("+")), int(p.split(":")[1]))
-              for p in a.points.split(",")]
+    points = parse_points(a.points)
     torch.manual_seed(0)
     bw, mm = bv.ceilings()
     head = dict(device=torch.cuda.get_device_name(), copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12,

@@ -38,7 +38,7 @@ _SPLIT_SIG = {
     "stride_qt": "i32", "stride_qh": "i32", "stride_kext": "i32", "stride_kv": "i32",
     "stride_mask": "i32", "rows_max": "i32", "NUM_SPLITS": "i32", "BATCH": "i32",
 }
-# the split kernels that read fp8 and scaled pools also take the pool's scales (va.reads_any_pool)
+# the split kernels that read scaled pools take the pool's scales (va.takes_scales)
 _SCALES_SIG = {"k_scale": "fp32", "v_scale": "fp32"}
 # Pool dtypes the split kernel is built for: name suffix -> Triton's pointer type, on the archs that
 # take fp8 pools (va.fp8_capable); an arch's one config reads them all.
@@ -103,7 +103,7 @@ def _split_spec(arch: int, heads: int, kv_type: str):
 
 def split_signature(fn, kv_type: str = "*bf16") -> dict:
     """Runtime argument types of split kernel fn for a pool of kv_type."""
-    return {**_SPLIT_SIG, "KV": kv_type, **(_SCALES_SIG if va.reads_any_pool(fn) else {})}
+    return {**_SPLIT_SIG, "KV": kv_type, **(_SCALES_SIG if va.takes_scales(fn) else {})}
 
 
 def _with_sig(spec, signature):

@@ -472,14 +472,15 @@ def merge_kernel(heads: int, write_lse: bool, tile: tuple[int, int]):
 
 
 def is_plain_pool(kv_dtype, k_scale: float = 1.0, v_scale: float = 1.0) -> bool:
-    """A bf16 pool without scales: the one pool every split kernel reads (see reads_any_pool)."""
+    """A bf16 pool without scales: the one pool every split kernel reads (see takes_scales)."""
     return kv_dtype == torch.bfloat16 and k_scale == 1.0 and v_scale == 1.0
 
 
-def reads_any_pool(split_fn) -> bool:
-    """Whether a split kernel reads fp8 and scaled pools too: those that take the pool's scales
-    (the Triton-language kernel and the shipped warp-specialised Gluon kernel; the other Gluon
-    kernels, kept as candidates, read an unscaled bf16 pool only)."""
+def takes_scales(split_fn) -> bool:
+    """Whether a split kernel takes the pool's scales, and so reads scaled pools: the
+    Triton-language kernel, the shipped warp-specialised Gluon kernel (both read fp8 pools too)
+    and sm_120's Gluon kernel (bf16 pools only: the launcher checks that apart); the other Gluon
+    kernels, kept as candidates, read an unscaled bf16 pool only."""
     return "k_scale" in split_fn.arg_names
 
 
@@ -667,7 +668,7 @@ def verify_attention(
         raise ValueError(f"qo_indptr ({qo_indptr.shape[0]}) and kv_indptr ({kv_indptr.shape[0]}) must both be batch + 1 >= 2 long")
     cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config, kv_dtype=kv.dtype)
     split_fn, split_const, split_opts = split_kernel(cfg, h)
-    reads_scales = reads_any_pool(split_fn)
+    reads_scales = takes_scales(split_fn)
     if not reads_scales and not is_plain_pool(kv.dtype, k_scale, v_scale):
         raise ValueError(f"config: {split_fn.__name__} reads an unscaled bfloat16 pool; leave config=None "
                          "(or pass SM90_TRITON) for an fp8 or a scaled pool")

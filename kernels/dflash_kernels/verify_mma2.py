@@ -26,12 +26,11 @@ KC = gl.constexpr(64)  # latent columns per step of S^T (9 steps: 8 of the nope 
 
 
 @gluon.jit
-def _q_t_chunk(Q, qo_start, rows, n_rows, stride_qt, stride_qh, c0, NUM_HEADS: gl.constexpr,
-               QT_BL: gl.constexpr, QT_L: gl.constexpr):
-    """Q^T columns c0 .. c0 + 64 of the program's rows, as the B operand of S^T (0 past n_rows)."""
+def _q_t_chunk(q_rows, rows_ok, c0, QT_BL: gl.constexpr, QT_L: gl.constexpr):
+    """Q^T columns c0 .. c0 + 64 of the rows starting at q_rows, as the B operand of S^T (0 where
+    not rows_ok)."""
     k = c0 + gl.arange(0, KC, layout=gl.SliceLayout(1, QT_BL))
-    ptrs = _q_row_ptrs(Q, qo_start, rows, stride_qt, stride_qh, NUM_HEADS)
-    q = gl.load(ptrs[None, :] + k[:, None], mask=(rows < n_rows)[None, :], other=0.0)
+    q = gl.load(q_rows[None, :] + k[:, None], mask=rows_ok[None, :], other=0.0)
     return gl.convert_layout(q, QT_L)
 
 
@@ -104,15 +103,17 @@ def _verify_split_kernel_mma2(
     # -- Q^T in registers, once: nine 64-column blocks of the B operand (nine tensors, so the
     # steps of S^T below are written out) --
     rows_q = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, QT_BL))
-    qt0 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 0, NUM_HEADS, QT_BL, QT_B)
-    qt1 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 64, NUM_HEADS, QT_BL, QT_B)
-    qt2 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 128, NUM_HEADS, QT_BL, QT_B)
-    qt3 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 192, NUM_HEADS, QT_BL, QT_B)
-    qt4 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 256, NUM_HEADS, QT_BL, QT_B)
-    qt5 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 320, NUM_HEADS, QT_BL, QT_B)
-    qt6 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 384, NUM_HEADS, QT_BL, QT_B)
-    qt7 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 448, NUM_HEADS, QT_BL, QT_B)
-    qt8 = _q_t_chunk(Q, qo_start, rows_q, n_rows, stride_qt, stride_qh, 512, NUM_HEADS, QT_BL, QT_B)
+    q_rows = _q_row_ptrs(Q, qo_start, rows_q, stride_qt, stride_qh, NUM_HEADS)
+    q_ok = rows_q < n_rows
+    qt0 = _q_t_chunk(q_rows, q_ok, 0, QT_BL, QT_B)
+    qt1 = _q_t_chunk(q_rows, q_ok, 64, QT_BL, QT_B)
+    qt2 = _q_t_chunk(q_rows, q_ok, 128, QT_BL, QT_B)
+    qt3 = _q_t_chunk(q_rows, q_ok, 192, QT_BL, QT_B)
+    qt4 = _q_t_chunk(q_rows, q_ok, 256, QT_BL, QT_B)
+    qt5 = _q_t_chunk(q_rows, q_ok, 320, QT_BL, QT_B)
+    qt6 = _q_t_chunk(q_rows, q_ok, 384, QT_BL, QT_B)
+    qt7 = _q_t_chunk(q_rows, q_ok, 448, QT_BL, QT_B)
+    qt8 = _q_t_chunk(q_rows, q_ok, 512, QT_BL, QT_B)
 
     rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
     row_ok = rows_s < n_rows

@@ -135,19 +135,19 @@ def test_gluon_archs_fall_back_to_the_triton_kernel_without_gluon(monkeypatch):
 
 
 def test_every_pool_runs_the_shipped_kernels():
-    """Each arch's kernel reads fp8 and scaled pools too (on sm_90 the Gluon kernel's loader
-    widens an fp8 pool's rows, session 8). Only sm_120 picks its config by the pool: its bf16
-    tile would not fit 99 KB with an fp8 pool's staging. The Gluon candidates read unscaled bf16
-    only (the launcher refuses them other pools: test_validation_errors)."""
+    """Each arch's kernels read scaled pools, and each arch's config for fp8 pools reads them (on
+    sm_90 the Gluon kernel's loader widens an fp8 pool's rows, session 8). Only sm_120 picks its
+    config by the pool: its bf16 kernel reads bf16 rows only. The Gluon candidates read unscaled
+    bf16 only (the launcher refuses them other pools: test_validation_errors)."""
     for cfg in (va.CONFIGS["sm90"], va.SM90_TRITON, va.CONFIGS["sm120"], va.SM120_TRITON, va.CONFIGS["sm120_fp8"],
                 va.CONFIGS["sm80"]):
-        assert va.reads_any_pool(va.split_kernel(cfg, 8)[0]), cfg
+        assert va.takes_scales(va.split_kernel(cfg, 8)[0]), cfg
     for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
         assert va.config_for_arch(12, 0, fp8) == va.CONFIGS["sm120_fp8"]
         assert va.config_for_arch(9, 0, fp8) == va.config_for_arch(9, 0) == va.CONFIGS["sm90"]
         assert va.config_for_arch(8, 9, fp8) == va.config_for_arch(8, 9) == va.CONFIGS["sm80"]
     assert va.config_for_arch(12, 0) == va.config_for_arch(12, 0, torch.bfloat16) == va.CONFIGS["sm120"]
     seesaw = dataclasses.replace(va.CONFIGS["sm90"], seesaw=True)
-    assert not va.reads_any_pool(va.split_kernel(seesaw, 8)[0])
+    assert not va.takes_scales(va.split_kernel(seesaw, 8)[0])
     assert va.is_plain_pool(torch.bfloat16) and not va.is_plain_pool(torch.float8_e4m3fn)
     assert not va.is_plain_pool(torch.bfloat16, k_scale=0.5) and not va.is_plain_pool(torch.bfloat16, v_scale=2.0)
