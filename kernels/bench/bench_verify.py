@@ -37,10 +37,10 @@ KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 FP8_SCALES = dict(k_scale=0.5, v_scale=0.5)
 # --config: the plan's own choice for the card and pool, sm_90's Triton-language config (its
 # fallback without Gluon, and its fp8 path before session 8: one run can set either beside the
-# other), or sm_120's configs for bf16 and fp8 pools (with DISABLE_MMA_V3=1 on sm_90, the
-# mma.sync code sm_120 runs; sweep_verify.py says why)
+# other), sm_120's config, or sm_120's Triton-language fallbacks without Gluon for bf16 and fp8
+# pools (on sm_90 with DISABLE_MMA_V3=1, the mma.sync code sm_120 runs; sweep_verify.py says why)
 CONFIG_CHOICES = {"auto": None, "triton": va.SM90_TRITON, "sm120": va.CONFIGS["sm120"],
-                  "sm120_fp8": va.CONFIGS["sm120_fp8"]}
+                  "sm120_triton": va.SM120_TRITON, "sm120_triton_fp8": va.SM120_TRITON_FP8}
 
 
 def ceilings():
@@ -133,8 +133,8 @@ def main():
                     help="the pool's dtype (fp8: scaled)")
     ap.add_argument("--config", choices=sorted(CONFIG_CHOICES), default="auto",
                     help="split kernel config for the table (auto: the plan's choice; triton: sm_90's "
-                         "Triton-language config, SM90_TRITON, its fallback without Gluon; sm120, "
-                         "sm120_fp8: CONFIGS[...])")
+                         "Triton-language config, SM90_TRITON, its fallback without Gluon; sm120: "
+                         "CONFIGS['sm120']; sm120_triton, sm120_triton_fp8: its fallbacks)")
     a = ap.parse_args()
     kv_dtype = KV_DTYPES[a.kv_dtype]
     if a.sweep and kv_dtype != torch.bfloat16:

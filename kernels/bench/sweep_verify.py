@@ -77,8 +77,9 @@ VARIANTS = {
     # tiles small enough for two programs an SM on sm_120 too (under 50 KB and 32 K registers)
     "sm120-m16n16w4-w2": V(16, 16, 4, 2, waves=2.0),
     "sm120-m16n16w4s3-w2": V(16, 16, 4, 3, waves=2.0),
-    # and for fp8 pools (sm120_fp8 is the shipped one), within 99 KB with their fp8 staging
-    "sm120_fp8": va.CONFIGS["sm120_fp8"],
+    # and for fp8 pools, within 99 KB with their fp8 staging (sm120_fp8 is SM120_TRITON_FP8, the
+    # fallback without Gluon; sm_120 ran it for fp8 pools until session 10)
+    "sm120_fp8": va.SM120_TRITON_FP8,
     "sm120_fp8-m16n32w8-idx": V(16, 32, 8, 2, idx_ahead=True),
     "sm120_fp8-m16n32w4-idx": V(16, 32, 4, 2, idx_ahead=True),
 }

@@ -69,21 +69,16 @@ _DIV16 = {"Q", "K_EXT", "KV", "KV_INDICES", "KV_INDPTR", "QO_INDPTR", "TREE_MASK
 BS_PADS = (2, 4, 8, 16, 32, 64, 128)
 
 
-def _config_key(arch: int, kv_type: str = "*bf16") -> str:
-    """The CONFIGS entry the launcher runs at arch for a pool of kv_type (on sm_90 the Gluon
-    kernel, which this build always compiles)."""
-    return va.config_key(arch // 10, kv_type != "*bf16")
+def _config(arch: int) -> va.VerifyConfig:
+    """The config the launcher runs at arch for every pool (with the Gluon kernels, which this
+    build always compiles)."""
+    return va.CONFIGS[va.config_key(arch // 10)]
 
 
 def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     """(name, fn, signature, constexprs, options) of every kernel the launcher runs at one arch,
-    head count and batch bucket: plan (one per config: it rounds slices to the config's tile;
-    verify_plan for the bf16 pool's, verify_plan_<config> for another), split (per pool dtype)
-    and merge."""
-    keys = dict.fromkeys(_config_key(arch, kv_type) for kv_type in pool_types(arch).values())
-    bf16_key = _config_key(arch)
-    plans = [("verify_plan" + ("" if key == bf16_key else "_" + key),
-              *_with_sig(va.plan_kernel(va.CONFIGS[key], bs_pad), _PLAN_SIG)) for key in keys]
+    head count and batch bucket: plan, split (per pool dtype) and merge."""
+    plans = [("verify_plan", *_with_sig(va.plan_kernel(_config(arch), bs_pad), _PLAN_SIG))]
     merges = []
     for tile in (va.MERGE_TILE_FEW, va.MERGE_TILE_MANY):  # the launcher picks one (merge_tile)
         tag = f"_d{tile[0]}c{tile[1]}"
@@ -97,7 +92,7 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
 def _split_spec(arch: int, heads: int, kv_type: str):
     """(fn, signature, constexprs, options) of the split kernel the launcher runs for a pool of
     kv_type."""
-    fn, const, opts = va.split_kernel(va.CONFIGS[_config_key(arch, kv_type)], heads)
+    fn, const, opts = va.split_kernel(_config(arch), heads)
     return fn, split_signature(fn, kv_type), const, opts
 
 

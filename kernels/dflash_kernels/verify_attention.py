@@ -348,7 +348,7 @@ class VerifyConfig:
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
     seesaw: bool = False  # with warp_specialized: two alike MMA groups that take turns at S (verify_gluon.py)
     s_before_pv: bool = False  # with seesaw and block_n 64: the next tile's S issued before the P.V half
-    mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py), bf16 pools
+    mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # merge kernel (output columns per program, partials loaded at once); None: chosen from the
     # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
@@ -369,16 +369,13 @@ CONFIGS = {
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
                          warp_specialized=True),
-    # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only), bf16 pools: the Gluon
-    # kernel over S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers:
-    # 80 KB, 244 registers, no spill in the sm_120a build. Not run on an sm_120 card; measured on
-    # the H200 running mma.sync code (RESULTS.md session 9): 1.5x faster at 128k than the best
-    # Triton-language tile (SM120_TRITON), 2.6x faster than sm_120's tile before session 9.
+    # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Gluon kernel over
+    # S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers: 80 KB, 244
+    # registers (228 for fp8 pools, which it widens in shared memory), no spill in the sm_120a
+    # build. Not run on an sm_120 card; measured on the H200 running mma.sync code (RESULTS.md
+    # sessions 9 and 10): at 128k, t = 16, 1.7x faster than the best Triton-language tile for bf16
+    # pools (SM120_TRITON), 3.3x faster than the Triton-language kernel for fp8 pools (SM120_TRITON_FP8).
     "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, mma2=True),
-    # sm_120, fp8 pools: the same kernel keeps each fp8 tile and its bf16 widening in shared
-    # memory, so the 32 x 32 tile takes 113 KB; the 32 x 16 tile (sm_120's for every pool until
-    # session 9) fits in 93 KB.
-    "sm120_fp8": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
 MERGE_NUM_WARPS = 4
@@ -411,6 +408,9 @@ KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) if torch is
 # [1, num_warps] warps, so with 8 warps each S would be computed twice and every warp would read
 # all of Q; 4 warps do neither. 1.7x faster at 128k than the 32 x 16 tile (RESULTS.md session 9).
 SM120_TRITON = VerifyConfig(block_m=32, block_n=32, num_warps=4, num_stages=2)
+# and for fp8 pools: that kernel keeps each fp8 tile and its bf16 widening in shared memory, so the
+# 32 x 32 tile would take 113 KB; the 32 x 16 tile fits in 93 KB
+SM120_TRITON_FP8 = VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2)
 # sm_90 where verify_gluon.py cannot be imported (a Triton other than the one it is written for:
 # Gluon's API is experimental): the best Triton-language config on the H200, 1.8x slower at 128k.
 SM90_TRITON = VerifyConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, min_chunk=64, idx_ahead=True)
@@ -477,29 +477,30 @@ def is_plain_pool(kv_dtype, k_scale: float = 1.0, v_scale: float = 1.0) -> bool:
 
 
 def takes_scales(split_fn) -> bool:
-    """Whether a split kernel takes the pool's scales, and so reads scaled pools: the
-    Triton-language kernel, the shipped warp-specialised Gluon kernel (both read fp8 pools too)
-    and sm_120's Gluon kernel (bf16 pools only: the launcher checks that apart); the other Gluon
-    kernels, kept as candidates, read an unscaled bf16 pool only."""
+    """Whether a split kernel takes the pool's scales, and so reads scaled and fp8 pools: the
+    Triton-language kernel, the shipped warp-specialised Gluon kernel and sm_120's Gluon kernel;
+    the other Gluon kernels, kept as candidates, read an unscaled bf16 pool only."""
     return "k_scale" in split_fn.arg_names
 
 
-def config_key(major: int, fp8_pool: bool = False) -> str:
-    """The CONFIGS entry of an arch for a bf16 or an fp8 pool (only sm_120 tells them apart)."""
+def config_key(major: int) -> str:
+    """The CONFIGS entry of an arch (one config serves every pool)."""
     if major == 9:
         return "sm90"
     if major >= 12:
-        return "sm120_fp8" if fp8_pool else "sm120"
+        return "sm120"
     return "sm80"
 
 
 def config_for_arch(major: int, minor: int = 0, kv_dtype=None) -> VerifyConfig:
-    """The config of an arch for a pool of kv_dtype (None: bfloat16), scaled or not; a Gluon
-    kernel's arch falls back to a Triton-language config where Gluon is unavailable."""
-    fp8 = kv_dtype is not None and kv_dtype != torch.bfloat16
-    cfg = CONFIGS[config_key(major, fp8)]
+    """The config of an arch for a pool of kv_dtype (None: bfloat16), scaled or not: CONFIGS'
+    entry, or where Gluon is unavailable a Triton-language config (on sm_120 one for each pool
+    dtype, as their shared memory differs)."""
+    cfg = CONFIGS[config_key(major)]
     if (cfg.gluon or cfg.mma2) and not gluon_available():
-        return SM90_TRITON if major == 9 else SM120_TRITON
+        if major == 9:
+            return SM90_TRITON
+        return SM120_TRITON if kv_dtype in (None, torch.bfloat16) else SM120_TRITON_FP8
     return cfg
 
 
@@ -672,9 +673,6 @@ def verify_attention(
     if not reads_scales and not is_plain_pool(kv.dtype, k_scale, v_scale):
         raise ValueError(f"config: {split_fn.__name__} reads an unscaled bfloat16 pool; leave config=None "
                          "(or pass SM90_TRITON) for an fp8 or a scaled pool")
-    if cfg.mma2 and kv.dtype != torch.bfloat16:
-        raise ValueError(f"config: {split_fn.__name__} reads a bfloat16 pool; leave config=None "
-                         "(or pass SM120_TRITON) for an fp8 pool")
     words = triton.cdiv(mq, 32)
     if tree_mask.dtype != torch.int32 or tree_mask.dim() != 2 or tree_mask.shape[0] != n_tok \
             or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:

@@ -81,10 +81,6 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=seesaw)
     with pytest.raises(ValueError, match="_verify_split_kernel_gluon_ss reads an unscaled bfloat16 pool"):
         va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=seesaw, k_scale=0.5)
-    # sm_120's Gluon kernel takes a scaled bf16 pool, not an fp8 one
-    with pytest.raises(ValueError, match="_verify_split_kernel_mma2 reads a bfloat16 pool"):
-        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE,
-                            config=va.CONFIGS["sm120"])
     with pytest.raises(TypeError, match="kv_indices"):
         va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="kv_indptr"):
@@ -125,9 +121,9 @@ def test_gluon_archs_fall_back_to_the_triton_kernel_without_gluon(monkeypatch):
     monkeypatch.setattr(va, "_GLUON_OK", None)
     monkeypatch.setattr(va.importlib, "import_module", failing_import)
     assert va.config_for_arch(9, 0) == va.SM90_TRITON and not va.SM90_TRITON.gluon
-    # sm_120's bf16 pools fall back to the Triton-language tile; its fp8 pools run it anyway
+    # sm_120 falls back to a Triton-language tile for each pool dtype (fp8 staging needs a smaller one)
     assert va.config_for_arch(12, 0) == va.SM120_TRITON and not va.SM120_TRITON.mma2
-    assert va.config_for_arch(12, 0, torch.float8_e4m3fn) == va.CONFIGS["sm120_fp8"]
+    assert va.config_for_arch(12, 0, torch.float8_e4m3fn) == va.SM120_TRITON_FP8 != va.SM120_TRITON
     monkeypatch.setattr(va, "_GLUON_OK", None)
     monkeypatch.setattr(va.importlib, "import_module", real_import)
     assert va.config_for_arch(9, 0) == va.CONFIGS["sm90"] and va.CONFIGS["sm90"].gluon  # Triton 3.6 here
@@ -135,15 +131,15 @@ def test_gluon_archs_fall_back_to_the_triton_kernel_without_gluon(monkeypatch):
 
 
 def test_every_pool_runs_the_shipped_kernels():
-    """Each arch's kernels read scaled pools, and each arch's config for fp8 pools reads them (on
-    sm_90 the Gluon kernel's loader widens an fp8 pool's rows, session 8). Only sm_120 picks its
-    config by the pool: its bf16 kernel reads bf16 rows only. The Gluon candidates read unscaled
-    bf16 only (the launcher refuses them other pools: test_validation_errors)."""
-    for cfg in (va.CONFIGS["sm90"], va.SM90_TRITON, va.CONFIGS["sm120"], va.SM120_TRITON, va.CONFIGS["sm120_fp8"],
+    """Each arch's kernels read scaled pools, and each arch's one config reads fp8 pools too (on
+    sm_90 the Gluon kernel's loader widens an fp8 pool's rows, session 8; on sm_120 all its warps
+    do, session 10). The Gluon candidates read unscaled bf16 only (the launcher refuses them
+    other pools: test_validation_errors)."""
+    for cfg in (va.CONFIGS["sm90"], va.SM90_TRITON, va.CONFIGS["sm120"], va.SM120_TRITON, va.SM120_TRITON_FP8,
                 va.CONFIGS["sm80"]):
         assert va.takes_scales(va.split_kernel(cfg, 8)[0]), cfg
     for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
-        assert va.config_for_arch(12, 0, fp8) == va.CONFIGS["sm120_fp8"]
+        assert va.config_for_arch(12, 0, fp8) == va.config_for_arch(12, 0) == va.CONFIGS["sm120"]
         assert va.config_for_arch(9, 0, fp8) == va.config_for_arch(9, 0) == va.CONFIGS["sm90"]
         assert va.config_for_arch(8, 9, fp8) == va.config_for_arch(8, 9) == va.CONFIGS["sm80"]
     assert va.config_for_arch(12, 0) == va.config_for_arch(12, 0, torch.bfloat16) == va.CONFIGS["sm120"]

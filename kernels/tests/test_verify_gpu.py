@@ -117,14 +117,15 @@ def test_vs_sglang(t, h):
     assert e_ours < TOL and e_between < TOL
 
 
+@pytest.mark.parametrize("config", [None, "sm120"])
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_fp8_pool_vs_reference_and_sglang(kv_dtype):
+def test_fp8_pool_vs_reference_and_sglang(kv_dtype, config):
     """An fp8 pool with SGLang's k/v scales. Ours widens the pool to bf16 (exact), so it is held
     to the bf16 bound; SGLang's extend kernel casts q and P to fp8 as well, so against it the
     claim is only that ours is the closer of the two to the float32 reference."""
     scales = dict(k_scale=0.37, v_scale=1.9)
     case = make_case([20_000, 3, 70_000], [16, 16, 16], 8, mask="tree", kv_dtype=kv_dtype)
-    ours, lse = _run(case, **scales)
+    ours, lse = _run(case, config=config and va.CONFIGS[config], **scales)
     e_ours = _check(case, ours, lse, **scales)
     peer = load_peer()
     if peer is None:
@@ -149,12 +150,14 @@ def test_fp8_pool_every_shape(kv_dtype):
         _check(case, *_run(case, **scales), **scales)
 
 
-def test_sm120_kernel_scaled_bf16_pool_every_shape():
-    """sm_120's Gluon kernel (mma.sync, so it runs here too) with a scaled bf16 pool through the
-    candidates' shapes, a paged pool and 16 heads."""
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2])
+def test_sm120_kernel_scaled_pool_every_shape(kv_dtype):
+    """sm_120's Gluon kernel (mma.sync, so it runs here too) with a scaled pool of each dtype
+    through the candidates' shapes (an fp8 pool's tiles widened by all warps, the draft blocks
+    beside them copied as bf16), a paged pool and 16 heads."""
     scales = dict(k_scale=0.37, v_scale=1.9)
-    for case in (make_case([0, 40_000, 333, 64], [64, 33, 16, 1], 8, mask="tree"),
-                 make_case([3000, 50_000, 17], [16, 16, 16], 16, mask="tree", page_size=16)):
+    for case in (make_case([0, 40_000, 333, 64], [64, 33, 16, 1], 8, mask="tree", kv_dtype=kv_dtype),
+                 make_case([3000, 50_000, 17], [16, 16, 16], 16, mask="tree", page_size=16, kv_dtype=kv_dtype)):
         _check(case, *_run(case, config=va.CONFIGS["sm120"], **scales), **scales)
 
 
@@ -226,7 +229,7 @@ CANDIDATES = [
     va.VerifyConfig(64, 64, 8, 2, 64, True), va.VerifyConfig(64, 64, 8, 2, 64, False),
     va.VerifyConfig(64, 32, 8, 3, 64, True), va.VerifyConfig(64, 32, 8, 4, 64, True),
     va.VerifyConfig(64, 32, 8, 2), va.VerifyConfig(64, 16, 8, 4),
-    va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # sm_80's and sm120_fp8's; SM120_TRITON
+    va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # sm_80's and SM120_TRITON_FP8; SM120_TRITON
     va.CONFIGS["sm120"],  # sm_120's Gluon kernel over S^T (mma.sync runs on sm_90 too)
     va.VerifyConfig(32, 32, 4, 2, 64, True, 2.0), va.VerifyConfig(32, 16, 4, 3, 64, True, 2.0),
     va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
