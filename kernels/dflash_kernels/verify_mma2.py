@@ -5,12 +5,16 @@ Same contract as ``verify_attention._verify_split_kernel`` (same arguments, plan
 outputs; bf16 pools, scaled or not, and fp8 pools). What it does that the Triton-language kernel
 cannot get from the compiler on sm_120 (99 KB of shared memory a block):
 
-  * it computes S^T = K.Q^T (latents x query rows) instead of S = Q.K^T, so Q is the B operand:
-    over 8 warps as [2, 4], a warp holds its 8 query rows' 576 values in registers
-    (72 a thread), loaded once, and no tile of S is computed twice;
-  * P.V becomes O^T = V^T.P^T, over 8 warps along the 512 output columns: V^T is read from the
-    K buffer it came in with, P^T goes through 2 KB of shared memory;
-  * so shared memory holds two 32-latent K buffers (72 KB) and P^T, and never Q.
+  * it computes S^T = K.Q^T (latents x query rows) instead of S = Q.K^T, so Q is the B operand
+    and stays in registers (72 a thread), loaded once (through the K buffer tile 1 will fill);
+  * S^T's 576 columns are split over the warps: warp (g, h) of [4, 2] sums latents 16h .. 16h + 15
+    of all 32 rows over nope columns 128g .. 128g + 127 and rope columns 16g .. 16g + 15 (one
+    batched mma over the four column groups), so each tile is read from shared memory once for
+    S^T; the four partial sums meet in 16 KB of shared memory;
+  * P.V becomes O^T = V^T.P^T over 8 warps along the output columns, a 128-column block at a
+    time: V^T is read from the K buffer it came in with, P^T goes through 2 KB of shared memory;
+  * a K buffer holds a tile as four 128-column blocks (and four 16-column rope blocks), the
+    layout both dots read.
 
 An fp8 pool's tile is widened to bf16 (exact) before either dot reads it: its rows are copied into
 the second K buffer, which holds two fp8 tiles, and all warps widen tile j into the first while
@@ -24,78 +28,124 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
-from .verify_gluon import _issue_tile, _q_row_ptrs, _tile_slots, _widen
+from .verify_gluon import _q_row_ptrs, _tile_slots, _widen
 
-KC = gl.constexpr(64)  # latent columns per step of S^T (9 steps: 8 of the nope part, the rope part)
-# S^T (latents x rows) over [2, 4] warps: a warp computes 16 latents x 8 rows
-ST_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 4], instr_shape=[16, 8]))
-# O^T (512 columns x rows) over [8, 1] warps: a warp owns 64 output columns of every row
-OT_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[8, 1], instr_shape=[16, 8]))
+# S^T's partial sums [column group, latents, rows] over [4, 2, 1] warps
+ST3_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 2, 1], instr_shape=[1, 16, 8]))
 # k_width 2 is mma.sync's own fragment, which ldmatrix loads; with 8 the compiler rebuilt the
 # fragments with about 260 register moves a tile, 1.6x slower (RESULTS.md, session 9)
-K_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ST_L, k_width=2))
-QT_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=ST_L, k_width=2))
+K3_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ST3_L, k_width=2))
+Q3_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=ST3_L, k_width=2))
+# the summed S^T (latents x rows) over [2, 4] warps, for the softmax: 4 values a thread
+ST_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 4], instr_shape=[16, 8]))
+# a 128-column block of O^T (columns x rows) over [8, 1] warps: 16 columns of every row a warp
+OT_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[8, 1], instr_shape=[16, 8]))
 VT_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=OT_L, k_width=2))
 PT_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=OT_L, k_width=2))
 KEY_S = gl.constexpr(gl.SliceLayout(1, ST_L))  # along S^T's latents
 ROW_S = gl.constexpr(gl.SliceLayout(0, ST_L))  # along S^T's query rows
 ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
-# bf16 latent gathers, 16 bytes a thread and copy: each 8 lanes copy 128 bytes of one row, which
-# the swizzle puts in 8 different bank groups (8 lanes over 2 rows' 64 bytes met each group twice:
-# 2x the ideal wavefronts, ncu, RESULTS.md session 10)
-GL = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))
-# fp8 rows: a warp copies (16 bytes a thread) and widens (8) one row's nope part at a time, 4 rows
-# of its rope part; each is 32 x 16 bytes of a plain row, 2-4 wavefronts, as are the widened
-# rows' stores into the swizzled K buffer
-FP8_NOPE_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0]))
-FP8_NOPE_WIDEN = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0]))
-FP8_ROPE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))
-FP8_SH = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-KN_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))  # rows of 1 KB
-# the swizzles give the 8 rows an ldmatrix reads 16 bytes each in 8 different bank groups
-KP_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))  # rows of 128 bytes
-PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 2, 4, [1, 0]))  # rows of 64 bytes, two a 128-byte line
+# row copies [column group, row, column], 8 values a thread: each 8 lanes copy (or widen) 128
+# bytes of one row of a block, which the swizzle puts in 8 different bank groups
+NOPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, 8, 1], [2, 1, 0]))  # [4, 32, 128]
+ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 8, 1], [2, 1, 0]))  # [4, 32, 16]
+NOPE_ROW = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, NOPE_ROWS)))  # a row vector of each
+ROPE_ROW = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, ROPE_ROWS)))
+# Shared layouts. A K buffer [4 x 32 rows, W] is also viewed as its four blocks [4, 32, W] (_blocks;
+# a layout's order has the rank of the view, or one less), with the same swizzle, as the blocks'
+# rows are a multiple of 8. The 8 rows an ldmatrix reads 16 bytes each meet 8 different bank groups.
+KN_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))  # block rows of 256 bytes
+KN3_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
+KP_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [1, 0]))  # block rows of 32 bytes, four a line
+KP3_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [2, 1, 0]))
+FP8_SH = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # fp8 staging, 8 bytes a lane
+FP8_3SH = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+# S^T's partial sums, fp32 rows of 128 bytes: a warp's store of 8 rows x 32 bytes takes 2 wavefronts
+SP_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
+SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 4, [2, 1, 0]))
+PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 2, 4, [1, 0]))  # P^T: rows of 64 bytes, two a line
 
 
 @gluon.jit
-def _q_t_chunk(q_rows, rows_ok, c0, QT_BL: gl.constexpr):
-    """Q^T columns c0 .. c0 + 64 of the rows starting at q_rows, as the B operand of S^T (0 where
-    not rows_ok)."""
-    k = c0 + gl.arange(0, KC, layout=gl.SliceLayout(1, QT_BL))
-    q = gl.load(q_rows[None, :] + k[:, None], mask=rows_ok[None, :], other=0.0)
-    return gl.convert_layout(q, QT_B)
+def _blocks(buf, SH3: gl.constexpr):
+    """A K buffer (or fp8 staging slot) [4 x rows, W] as its four blocks [4, rows, W]: the view
+    the copies and S^T's batched loads take (the blocks' rows are a multiple of 8, so a block
+    row's swizzle is the same in both views)."""
+    return buf._reinterpret(buf.dtype, [4, buf.shape[0] // 4, buf.shape[1]], SH3)
 
 
 @gluon.jit
-def _q_t_blocks(q_rows, rows_ok, QT_BL: gl.constexpr):
-    """Q^T in registers, once: the nine 64-column blocks of S^T's B operand. Loaded after the
-    first tile's copies are issued, so that their latencies overlap."""
-    return (_q_t_chunk(q_rows, rows_ok, 0, QT_BL), _q_t_chunk(q_rows, rows_ok, 64, QT_BL),
-            _q_t_chunk(q_rows, rows_ok, 128, QT_BL), _q_t_chunk(q_rows, rows_ok, 192, QT_BL),
-            _q_t_chunk(q_rows, rows_ok, 256, QT_BL), _q_t_chunk(q_rows, rows_ok, 320, QT_BL),
-            _q_t_chunk(q_rows, rows_ok, 384, QT_BL), _q_t_chunk(q_rows, rows_ok, 448, QT_BL),
-            _q_t_chunk(q_rows, rows_ok, 512, QT_BL))
+def _block_cols(W: gl.constexpr, L3: gl.constexpr):
+    """Offsets of a row's values in its four W-column blocks, [4, 1, W] in layout L3."""
+    g = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    c = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    return (g * W)[:, None, None] + c[None, None, :]
 
 
 @gluon.jit
-def _attend_tile(kn, kp, pt_smem, qt, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc,
+def _copy_rows(kn_buf, kp_buf, starts):
+    """cp.async of 576-value rows (starts: their first values, a [32] vector for the nope and one
+    for the rope copies) into a K buffer's column blocks; the caller commits the group."""
+    starts_n, starts_r = starts
+    cp.async_copy_global_to_shared(kn_buf, starts_n[None, :, None] + _block_cols(128, NOPE_ROWS))
+    cp.async_copy_global_to_shared(kp_buf, starts_r[None, :, None] + 512 + _block_cols(16, ROPE_ROWS))
+
+
+@gluon.jit
+def _slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr):
+    """_tile_slots of a tile in the nope and in the rope copies' layouts."""
+    return (_tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, NOPE_ROW),
+            _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, ROPE_ROW))
+
+
+@gluon.jit
+def _row_starts(slots, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N: gl.constexpr):
+    """First values of latent rows n0 .. n0 + BLOCK_N (pool slots, or the draft block's rows);
+    rows past hi read row hi - 1 again: their scores are masked to -inf, so P is 0 there, and the
+    data is a latent of this request, finite whenever the result is."""
+    slots_n, slots_r = slots
+    r_n = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=NOPE_ROW), hi - 1)
+    r_r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROPE_ROW), hi - 1)
+    return (k_base + gl.where(is_draft, qo_start + r_n, slots_n).to(gl.int64) * k_stride,
+            k_base + gl.where(is_draft, qo_start + r_r, slots_r).to(gl.int64) * k_stride)
+
+
+@gluon.jit
+def _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr):
+    """First values of the program's query rows (rows past n_rows read row n_rows - 1 again:
+    their results are never stored)."""
+    r_n = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=NOPE_ROW), n_rows - 1)
+    r_r = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROPE_ROW), n_rows - 1)
+    return (_q_row_ptrs(Q, qo_start, r_n, stride_qt, stride_qh, NUM_HEADS),
+            _q_row_ptrs(Q, qo_start, r_r, stride_qt, stride_qh, NUM_HEADS))
+
+
+@gluon.jit
+def _q_t(qn_buf, qp_buf):
+    """Q^T in registers, once, as S^T's B operands ([4, 128, rows] and [4, 16, rows]), from the K
+    buffer the caller copied Q's rows into (_copy_rows, a group committed before tile 0's, which
+    stays in flight)."""
+    cp.wait_group(1)  # this thread's copies of Q (all groups but the latest, tile 0's)
+    gl.thread_barrier()
+    # (the first iteration's barrier keeps the next copies into this buffer after every load)
+    return qn_buf.permute((0, 2, 1)).load(Q3_B), qp_buf.permute((0, 2, 1)).load(Q3_B)
+
+
+@gluon.jit
+def _attend_tile(kn, kp, sp_smem, pt_smem, qt, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc,
                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
-    """Fold the bf16 tile of latents n0 .. n0 + BLOCK_N (kn: nope part, kp: rope part) into the
-    online softmax and O^T; qt: the nine 64-column blocks of Q^T."""
-    qt0, qt1, qt2, qt3, qt4, qt5, qt6, qt7, qt8 = qt
-    # three accumulators, so that a warp's 36 mma.sync of S^T are three chains of 12, not one of
-    # 36 that waits on each result (ncu: 30% of the stalls were such waits, RESULTS.md session 10)
-    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ST_L)
-    s0 = mma_v2(kn.slice(0, KC, dim=1).load(K_A), qt0, zero)
-    s1 = mma_v2(kn.slice(64, KC, dim=1).load(K_A), qt1, zero)
-    s2 = mma_v2(kn.slice(128, KC, dim=1).load(K_A), qt2, zero)
-    s0 = mma_v2(kn.slice(192, KC, dim=1).load(K_A), qt3, s0)
-    s1 = mma_v2(kn.slice(256, KC, dim=1).load(K_A), qt4, s1)
-    s2 = mma_v2(kn.slice(320, KC, dim=1).load(K_A), qt5, s2)
-    s0 = mma_v2(kn.slice(384, KC, dim=1).load(K_A), qt6, s0)
-    s1 = mma_v2(kn.slice(448, KC, dim=1).load(K_A), qt7, s1)
-    s2 = mma_v2(kp.load(K_A), qt8, s2)
-    s = s0 + s1 + s2
+    """Fold the bf16 tile of latents n0 .. n0 + BLOCK_N (kn: the nope part's four 128-column
+    blocks, kp: the rope part's four 16-column blocks, each 32 rows) into the online softmax and
+    O^T."""
+    qt_n, qt_r = qt
+    acc0, acc1, acc2, acc3 = acc
+    # S^T's four partial sums (one a column group) in one batched mma, summed through shared memory
+    s3 = mma_v2(_blocks(kn, KN3_SH).load(K3_A), qt_n, gl.zeros([4, BLOCK_N, BLOCK_M], gl.float32, layout=ST3_L))
+    s3 = mma_v2(_blocks(kp, KP3_SH).load(K3_A), qt_r, s3)
+    _blocks(sp_smem, SP3_SH).store(s3)
+    gl.thread_barrier()
+    s = (sp_smem.slice(0, BLOCK_N).load(ST_L) + sp_smem.slice(BLOCK_N, BLOCK_N).load(ST_L)) + \
+        (sp_smem.slice(2 * BLOCK_N, BLOCK_N).load(ST_L) + sp_smem.slice(3 * BLOCK_N, BLOCK_N).load(ST_L))
     # mask (latents past hi; a draft tile's tree mask: one 32-bit word a row) and the online
     # softmax along the latents, S^T's first dimension
     cols = n0 + gl.arange(0, BLOCK_N, layout=KEY_S)
@@ -112,99 +162,96 @@ def _attend_tile(kn, kp, pt_smem, qt, n0, hi, is_draft, mask_row, row_ok, score_
     l_i = l_i * alpha + gl.sum(p, 0)
     pt_smem.store(p.to(gl.bfloat16))
     gl.thread_barrier()
-    acc = acc * gl.convert_layout(alpha, ROW_O)[None, :]
-    acc = mma_v2(kn.permute((1, 0)).load(VT_A), pt_smem.load(PT_B), acc)
-    return acc, m_new, l_i
+    pt = pt_smem.load(PT_B)
+    a = gl.convert_layout(alpha, ROW_O)[None, :]
+    # O^T a 128-column block at a time: V^T is the block read transposed, P^T is loaded once
+    acc0 = mma_v2(kn.slice(0, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc0 * a)
+    acc1 = mma_v2(kn.slice(BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc1 * a)
+    acc2 = mma_v2(kn.slice(2 * BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc2 * a)
+    acc3 = mma_v2(kn.slice(3 * BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc3 * a)
+    return (acc0, acc1, acc2, acc3), m_new, l_i
 
 
 @gluon.jit
-def _bf16_tiles(kn_smem, kp_smem, pt_smem, q_rows, q_ok, idx_ptr, k_base, k_stride, qo_start, lo, hi, is_draft,
-                mask_row, row_ok, score_scale, m_i, l_i, acc, QT_BL: gl.constexpr, BLOCK_N: gl.constexpr,
+def _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, k_base, k_stride, qo_start, lo, hi,
+                is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N: gl.constexpr,
                 BLOCK_M: gl.constexpr):
     """Latents lo .. hi of bf16 rows (a bf16 pool, or a draft block): tile j + 1's gather into
     the other K buffer is in flight while tile j is attended."""
-    ROW_G: gl.constexpr = gl.SliceLayout(1, GL)
+    _copy_rows(_blocks(kn_smem.index(1), KN3_SH), _blocks(kp_smem.index(1), KP3_SH), q_starts)  # Q, through the buffer of tile 1
+    cp.commit_group()
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     if n_tiles > 0:
-        slots0 = _tile_slots(idx_ptr, lo, hi, is_draft, BLOCK_N, ROW_G)
-        _issue_tile(kn_smem.index(0), kp_smem.index(0), slots0, k_base, k_stride, qo_start, lo, hi,
-                    is_draft, BLOCK_N, GL)
+        rows0 = _row_starts(_slots(idx_ptr, lo, hi, is_draft, BLOCK_N), k_base, k_stride, qo_start, lo, hi,
+                            is_draft, BLOCK_N)
+        _copy_rows(_blocks(kn_smem.index(0), KN3_SH), _blocks(kp_smem.index(0), KP3_SH), rows0)
     cp.commit_group()
-    qt = _q_t_blocks(q_rows, q_ok, QT_BL)
-    slots_nx = _tile_slots(idx_ptr, lo + BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
+    qt = _q_t(_blocks(kn_smem.index(1), KN3_SH), _blocks(kp_smem.index(1), KP3_SH))
+    slots_nx = _slots(idx_ptr, lo + BLOCK_N, hi, is_draft, BLOCK_N)
     for j in range(0, n_tiles):
         buf = j % 2
         n0 = lo + j * BLOCK_N
         slots = slots_nx  # of tile j + 1, loaded one iteration ago
-        slots_nx = _tile_slots(idx_ptr, n0 + 2 * BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
+        slots_nx = _slots(idx_ptr, n0 + 2 * BLOCK_N, hi, is_draft, BLOCK_N)
         # tile j is in; every warp is past iteration j - 1, so buffer 1 - buf and P^T are free
         cp.wait_group(0)
         gl.thread_barrier()
         if j + 1 < n_tiles:
-            _issue_tile(kn_smem.index(1 - buf), kp_smem.index(1 - buf), slots, k_base, k_stride,
-                        qo_start, n0 + BLOCK_N, hi, is_draft, BLOCK_N, GL)
+            rows = _row_starts(slots, k_base, k_stride, qo_start, n0 + BLOCK_N, hi, is_draft, BLOCK_N)
+            _copy_rows(_blocks(kn_smem.index(1 - buf), KN3_SH), _blocks(kp_smem.index(1 - buf), KP3_SH), rows)
         cp.commit_group()
-        acc, m_i, l_i = _attend_tile(kn_smem.index(buf), kp_smem.index(buf), pt_smem, qt, n0, hi, is_draft,
-                                     mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
+        acc, m_i, l_i = _attend_tile(kn_smem.index(buf), kp_smem.index(buf), sp_smem, pt_smem, qt, n0, hi,
+                                     is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
     cp.wait_group(0)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _fp8_slots(idx_ptr, n0, hi, BLOCK_N: gl.constexpr):
-    """Pool slots of a tile's rows in the nope copies' layout and in the rope copies' one."""
-    return (_tile_slots(idx_ptr, n0, hi, False, BLOCK_N, gl.SliceLayout(1, FP8_NOPE_COPY)),
-            _tile_slots(idx_ptr, n0, hi, False, BLOCK_N, gl.SliceLayout(1, FP8_ROPE)))
-
-
-@gluon.jit
-def _stage_fp8_tile(stage_nope, stage_rope, slots, KV, stride_kv):
-    """cp.async of the fp8 pool rows at `slots` (their nope parts, their rope parts) into a
-    staging slot; the caller commits the group."""
-    slots_n, slots_r = slots
-    rows_n = KV + slots_n.to(gl.int64) * stride_kv
-    rows_r = KV + slots_r.to(gl.int64) * stride_kv + 512
-    cp.async_copy_global_to_shared(
-        stage_nope, rows_n[:, None] + gl.arange(0, 512, layout=gl.SliceLayout(0, FP8_NOPE_COPY))[None, :])
-    cp.async_copy_global_to_shared(
-        stage_rope, rows_r[:, None] + gl.arange(0, 64, layout=gl.SliceLayout(0, FP8_ROPE))[None, :])
-
-
-@gluon.jit
-def _fp8_pool_tiles(kn_smem, kp_smem, pt_smem, q_rows, q_ok, idx_ptr, KV, stride_kv, lo, hi,
-                    mask_row, row_ok, score_scale, m_i, l_i, acc, QT_BL: gl.constexpr, BLOCK_N: gl.constexpr,
-                    BLOCK_M: gl.constexpr):
+def _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, KV, stride_kv, lo, hi,
+                    mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
     """Pool latents lo .. hi of an fp8 pool. K buffer 1 holds two fp8 tiles (the bytes of one
-    bf16 tile): tile j + 1 is copied into one while all warps widen tile j from the other into
-    K buffer 0, which both dots then read."""
+    bf16 tile), in the same column blocks: tile j + 1 is copied into one while all warps widen
+    tile j from the other into K buffer 0, which both dots then read."""
     FP8: gl.constexpr = KV.dtype.element_ty
-    stage_nope = kn_smem.index(1)._reinterpret(FP8, [2, BLOCK_N, 512], FP8_SH)
-    stage_rope = kp_smem.index(1)._reinterpret(FP8, [2, BLOCK_N, 64], FP8_SH)
+    stage_n = kn_smem.index(1)._reinterpret(FP8, [2, 4 * BLOCK_N, 128], FP8_SH)
+    stage_r = kp_smem.index(1)._reinterpret(FP8, [2, 4 * BLOCK_N, 16], FP8_SH)
+    _copy_rows(_blocks(kn_smem.index(0), KN3_SH), _blocks(kp_smem.index(0), KP3_SH), q_starts)  # Q, through the buffer tiles widen into
+    cp.commit_group()
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     if n_tiles > 0:
-        _stage_fp8_tile(stage_nope.index(0), stage_rope.index(0), _fp8_slots(idx_ptr, lo, hi, BLOCK_N), KV, stride_kv)
+        rows0 = _row_starts(_slots(idx_ptr, lo, hi, False, BLOCK_N), KV, stride_kv, 0, lo, hi, False, BLOCK_N)
+        _copy_rows(_blocks(stage_n.index(0), FP8_3SH), _blocks(stage_r.index(0), FP8_3SH), rows0)
     cp.commit_group()
-    qt = _q_t_blocks(q_rows, q_ok, QT_BL)
-    slots_nx = _fp8_slots(idx_ptr, lo + BLOCK_N, hi, BLOCK_N)
+    qt = _q_t(_blocks(kn_smem.index(0), KN3_SH), _blocks(kp_smem.index(0), KP3_SH))
+    slots_nx = _slots(idx_ptr, lo + BLOCK_N, hi, False, BLOCK_N)
     for j in range(0, n_tiles):
         buf = j % 2
         n0 = lo + j * BLOCK_N
         slots = slots_nx  # of tile j + 1, loaded one iteration ago
-        slots_nx = _fp8_slots(idx_ptr, n0 + 2 * BLOCK_N, hi, BLOCK_N)
+        slots_nx = _slots(idx_ptr, n0 + 2 * BLOCK_N, hi, False, BLOCK_N)
         # tile j is in; every warp is past iteration j - 1, so K buffer 0 and staging slot 1 - buf
         # (widened then) are free
         cp.wait_group(0)
         gl.thread_barrier()
         if j + 1 < n_tiles:
-            _stage_fp8_tile(stage_nope.index(1 - buf), stage_rope.index(1 - buf), slots, KV, stride_kv)
+            rows = _row_starts(slots, KV, stride_kv, 0, n0 + BLOCK_N, hi, False, BLOCK_N)
+            _copy_rows(_blocks(stage_n.index(1 - buf), FP8_3SH), _blocks(stage_r.index(1 - buf), FP8_3SH), rows)
         cp.commit_group()
-        kn_smem.index(0).store(_widen(stage_nope.index(buf).load(FP8_NOPE_WIDEN)))
-        kp_smem.index(0).store(_widen(stage_rope.index(buf).load(FP8_ROPE)))
+        _blocks(kn_smem.index(0), KN3_SH).store(_widen(_blocks(stage_n.index(buf), FP8_3SH).load(NOPE_ROWS)))
+        _blocks(kp_smem.index(0), KP3_SH).store(_widen(_blocks(stage_r.index(buf), FP8_3SH).load(ROPE_ROWS)))
         gl.thread_barrier()
-        acc, m_i, l_i = _attend_tile(kn_smem.index(0), kp_smem.index(0), pt_smem, qt, n0, hi, False,
+        acc, m_i, l_i = _attend_tile(kn_smem.index(0), kp_smem.index(0), sp_smem, pt_smem, qt, n0, hi, False,
                                      mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
     cp.wait_group(0)
     return acc, m_i, l_i
+
+
+@gluon.jit
+def _store_block(PART_O, part, rows_ok, acc, o_scale, c0, ST_BL: gl.constexpr):
+    """Output columns c0 .. c0 + 128 of the partial result (acc: that block of O^T)."""
+    o = gl.convert_layout(acc * gl.convert_layout(o_scale, ROW_O)[None, :], ST_BL)
+    cols = c0 + gl.arange(0, 128, layout=gl.SliceLayout(1, ST_BL))
+    gl.store(PART_O + part[None, :] * 512 + cols[:, None], o, mask=rows_ok[None, :])
 
 
 @gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
@@ -222,7 +269,6 @@ def _verify_split_kernel_mma2(
     gl.static_assert(BLOCK_M == 32)
     gl.static_assert(BLOCK_N == 32)
     gl.static_assert(gl.num_warps() == 8)
-    QT_BL: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 8], [0, 1])  # Q^T (64, rows) load
     # the partial output's store: a warp writes 128 consecutive columns of one row
     ST_BL: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 8], [0, 1])
 
@@ -241,41 +287,44 @@ def _verify_split_kernel_mma2(
     # the draft latents are not scaled
     score_scale = gl.where(is_draft, qk_scale, qk_scale * k_scale)
 
-    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 512], KN_SH)
-    kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], KP_SH)
+    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 4 * BLOCK_N, 128], KN_SH)
+    kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 4 * BLOCK_N, 16], KP_SH)
+    sp_smem = gl.allocate_shared_memory(gl.float32, [4 * BLOCK_N, BLOCK_M], SP_SH)
     pt_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_M], PT_SH)
 
-    rows_q = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, QT_BL))
-    q_rows = _q_row_ptrs(Q, qo_start, rows_q, stride_qt, stride_qh, NUM_HEADS)
-    q_ok = rows_q < n_rows
+    q_starts = _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, BLOCK_M)
     rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
     row_ok = rows_s < n_rows
     mask_row = TREE_MASK + (qo_start + rows_s // NUM_HEADS).to(gl.int64) * stride_mask
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
-    acc = gl.zeros([512, BLOCK_M], gl.float32, layout=OT_L)
+    zero_o = gl.zeros([128, BLOCK_M], gl.float32, layout=OT_L)
+    acc = (zero_o, zero_o, zero_o, zero_o)
 
     # (K_EXT and an fp8 KV are pointers of two types, so each has its own call)
     if KV.dtype.element_ty == gl.bfloat16:
         lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
-        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, pt_smem, q_rows, q_ok, idx_ptr, k_base, k_stride, qo_start,
-                                    lo, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, QT_BL,
+        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, k_base, k_stride,
+                                    qo_start, lo, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc,
                                     BLOCK_N, BLOCK_M)
     elif is_draft:  # the request's t_b draft latents (rows of K_EXT)
-        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, pt_smem, q_rows, q_ok, idx_ptr, K_EXT, stride_kext, qo_start,
-                                    0, t_b, True, mask_row, row_ok, score_scale, m_i, l_i, acc, QT_BL,
+        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, K_EXT, stride_kext,
+                                    qo_start, 0, t_b, True, mask_row, row_ok, score_scale, m_i, l_i, acc,
                                     BLOCK_N, BLOCK_M)
     else:
-        acc, m_i, l_i = _fp8_pool_tiles(kn_smem, kp_smem, pt_smem, q_rows, q_ok, idx_ptr, KV, stride_kv, lo, hi,
-                                        mask_row, row_ok, score_scale, m_i, l_i, acc, QT_BL, BLOCK_N, BLOCK_M)
+        acc, m_i, l_i = _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, KV, stride_kv,
+                                        lo, hi, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
 
     # -- partial result: normalised output and log2-sum-exp2 of this slice --
     has = l_i > 0.0
     lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
     o_scale = gl.where(is_draft, 1.0, v_scale) / gl.where(has, l_i, 1.0)
-    o = gl.convert_layout(acc * gl.convert_layout(o_scale, ROW_O)[None, :], ST_BL)
     rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ST_BL))
     part = pid_s.to(gl.int64) * rows_max + rows_o
-    gl.store(PART_O + part[None, :] * 512 + gl.arange(0, 512, layout=gl.SliceLayout(1, ST_BL))[:, None], o,
-             mask=(rows_o < n_rows)[None, :])
+    rows_ok = rows_o < n_rows
+    acc0, acc1, acc2, acc3 = acc
+    _store_block(PART_O, part, rows_ok, acc0, o_scale, 0, ST_BL)
+    _store_block(PART_O, part, rows_ok, acc1, o_scale, 128, ST_BL)
+    _store_block(PART_O, part, rows_ok, acc2, o_scale, 256, ST_BL)
+    _store_block(PART_O, part, rows_ok, acc3, o_scale, 384, ST_BL)
     gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + rows_s, lse2, mask=row_ok)

@@ -74,9 +74,10 @@ def test_sm120_cubin_is_sm120_mma_sync_only(built):
         assert not bad, f"{c}: Hopper-only instructions {bad}"
     for name in SPLIT_NAMES:  # mma.sync tensor-core path; an fp8 pool is widened to bf16 first
         assert "HMMA.16816.F32.BF16" in _sass(os.path.join(out, "sm_120", name + "_h8.cubin")), name
-    # every pool runs the Gluon kernel over S^T: a warp's 36 mma.sync of S^T (16 latents x 8 rows
-    # over 576) and 32 of O^T (64 columns x 32 rows over 32 latents), none repeated; an fp8
-    # pool's kernel holds them twice (its draft blocks' loop and its pool's), and widens its tiles
+    # every pool runs the Gluon kernel over S^T: a warp's 36 mma.sync of S^T (16 latents x 32 rows
+    # over 144 of the 576 columns) and 32 of O^T (4 blocks of 16 columns x 32 rows over 32
+    # latents), none repeated; an fp8 pool's kernel holds them twice (its draft blocks' loop and
+    # its pool's), and widens its tiles
     symbols = {k["name"]: k["symbol"] for k in manifest["kernels"] if k["arch"] == 120}
     for name in SPLIT_NAMES:
         sass = _sass(os.path.join(out, "sm_120", name + "_h8.cubin"))
