@@ -371,10 +371,10 @@ CONFIGS = {
                          warp_specialized=True),
     # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Gluon kernel over
     # S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers, S^T's columns
-    # split over the warps: 92 KB, 244 registers (232 for fp8 pools, which it widens in shared
+    # split over the warps: 92 KB, 240 registers (232 for fp8 pools, which it widens in shared
     # memory), no spill in the sm_120a build. Not run on an sm_120 card; measured on the H200
-    # running mma.sync code (RESULTS.md sessions 9 and 10): at 128k, t = 16, 1.9x faster than the
-    # best Triton-language tile for bf16 pools (SM120_TRITON), 3.8x faster than the
+    # running mma.sync code (RESULTS.md sessions 9 and 10): at 128k, t = 16, 2.0x faster than the
+    # best Triton-language tile for bf16 pools (SM120_TRITON), 4.2x faster than the
     # Triton-language kernel for fp8 pools (SM120_TRITON_FP8).
     "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, mma2=True),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),

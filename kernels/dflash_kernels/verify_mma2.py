@@ -10,7 +10,8 @@ cannot get from the compiler on sm_120 (99 KB of shared memory a block):
   * S^T's 576 columns are split over the warps: warp (g, h) of [4, 2] sums latents 16h .. 16h + 15
     of all 32 rows over nope columns 128g .. 128g + 127 and rope columns 16g .. 16g + 15 (one
     batched mma over the four column groups), so each tile is read from shared memory once for
-    S^T; the four partial sums meet in 16 KB of shared memory;
+    S^T; the four partial sums meet in 16 KB of shared memory, loaded so that a warp owns 4 rows
+    of the softmax (no barrier for its maximum and sum);
   * P.V becomes O^T = V^T.P^T over 8 warps along the output columns, a 128-column block at a
     time: V^T is read from the K buffer it came in with, P^T goes through 2 KB of shared memory;
   * a K buffer holds a tile as four 128-column blocks (and four 16-column rope blocks), the
@@ -36,8 +37,9 @@ ST3_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4,
 # fragments with about 260 register moves a tile, 1.6x slower (RESULTS.md, session 9)
 K3_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ST3_L, k_width=2))
 Q3_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=ST3_L, k_width=2))
-# the summed S^T (latents x rows) over [2, 4] warps, for the softmax: 4 values a thread
-ST_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 4], instr_shape=[16, 8]))
+# the summed S^T (latents x rows) for the softmax: a warp owns 4 rows, each over 8 lanes (latents
+# l, l + 8, l + 16, l + 24 a lane), so its maximum and sum need no other warp, nor a barrier
+ST_L = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [1, 8], [0, 1]))
 # a 128-column block of O^T (columns x rows) over [8, 1] warps: 16 columns of every row a warp
 OT_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[8, 1], instr_shape=[16, 8]))
 VT_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=OT_L, k_width=2))
@@ -60,10 +62,12 @@ KP_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [1, 0]))  # block rows of 
 KP3_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [2, 1, 0]))
 FP8_SH = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # fp8 staging, 8 bytes a lane
 FP8_3SH = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-# S^T's partial sums, fp32 rows of 128 bytes: a warp's store of 8 rows x 32 bytes takes 2 wavefronts
-SP_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
-SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 4, [2, 1, 0]))
+# S^T's partial sums, fp32 rows of 128 bytes over 8 phases of 16 bytes: a warp's store (8 rows x
+# 32 bytes) takes 2 wavefronts, its loads (8 rows x 16 bytes) 1
+SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [2, 1, 0]))
 PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 2, 4, [1, 0]))  # P^T: rows of 64 bytes, two a line
+A_SH = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
 
 @gluon.jit
@@ -132,7 +136,7 @@ def _q_t(qn_buf, qp_buf):
 
 
 @gluon.jit
-def _attend_tile(kn, kp, sp_smem, pt_smem, qt, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc,
+def _attend_tile(kn, kp, sp_smem, pt_smem, a_smem, qt, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc,
                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
     """Fold the bf16 tile of latents n0 .. n0 + BLOCK_N (kn: the nope part's four 128-column
     blocks, kp: the rope part's four 16-column blocks, each 32 rows) into the online softmax and
@@ -160,10 +164,12 @@ def _attend_tile(kn, kp, sp_smem, pt_smem, qt, n0, hi, is_draft, mask_row, row_o
     alpha = gl.exp2(m_i - m_sub)
     p = gl.exp2(s * score_scale - m_sub[None, :])
     l_i = l_i * alpha + gl.sum(p, 0)
+    # P^T and the rows' rescale factors, for every warp's O^T columns, through shared memory
     pt_smem.store(p.to(gl.bfloat16))
+    a_smem.store(alpha)
     gl.thread_barrier()
     pt = pt_smem.load(PT_B)
-    a = gl.convert_layout(alpha, ROW_O)[None, :]
+    a = a_smem.load(ROW_O)[None, :]
     # O^T a 128-column block at a time: V^T is the block read transposed, P^T is loaded once
     acc0 = mma_v2(kn.slice(0, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc0 * a)
     acc1 = mma_v2(kn.slice(BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc1 * a)
@@ -173,7 +179,7 @@ def _attend_tile(kn, kp, sp_smem, pt_smem, qt, n0, hi, is_draft, mask_row, row_o
 
 
 @gluon.jit
-def _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, k_base, k_stride, qo_start, lo, hi,
+def _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base, k_stride, qo_start, lo, hi,
                 is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N: gl.constexpr,
                 BLOCK_M: gl.constexpr):
     """Latents lo .. hi of bf16 rows (a bf16 pool, or a draft block): tile j + 1's gather into
@@ -200,14 +206,14 @@ def _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, k_base, k
             rows = _row_starts(slots, k_base, k_stride, qo_start, n0 + BLOCK_N, hi, is_draft, BLOCK_N)
             _copy_rows(_blocks(kn_smem.index(1 - buf), KN3_SH), _blocks(kp_smem.index(1 - buf), KP3_SH), rows)
         cp.commit_group()
-        acc, m_i, l_i = _attend_tile(kn_smem.index(buf), kp_smem.index(buf), sp_smem, pt_smem, qt, n0, hi,
+        acc, m_i, l_i = _attend_tile(kn_smem.index(buf), kp_smem.index(buf), sp_smem, pt_smem, a_smem, qt, n0, hi,
                                      is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
     cp.wait_group(0)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, KV, stride_kv, lo, hi,
+def _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, KV, stride_kv, lo, hi,
                     mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
     """Pool latents lo .. hi of an fp8 pool. K buffer 1 holds two fp8 tiles (the bytes of one
     bf16 tile), in the same column blocks: tile j + 1 is copied into one while all warps widen
@@ -240,7 +246,7 @@ def _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, KV, s
         _blocks(kn_smem.index(0), KN3_SH).store(_widen(_blocks(stage_n.index(buf), FP8_3SH).load(NOPE_ROWS)))
         _blocks(kp_smem.index(0), KP3_SH).store(_widen(_blocks(stage_r.index(buf), FP8_3SH).load(ROPE_ROWS)))
         gl.thread_barrier()
-        acc, m_i, l_i = _attend_tile(kn_smem.index(0), kp_smem.index(0), sp_smem, pt_smem, qt, n0, hi, False,
+        acc, m_i, l_i = _attend_tile(kn_smem.index(0), kp_smem.index(0), sp_smem, pt_smem, a_smem, qt, n0, hi, False,
                                      mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
     cp.wait_group(0)
     return acc, m_i, l_i
@@ -291,6 +297,7 @@ def _verify_split_kernel_mma2(
     kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 4 * BLOCK_N, 16], KP_SH)
     sp_smem = gl.allocate_shared_memory(gl.float32, [4 * BLOCK_N, BLOCK_M], SP_SH)
     pt_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_M], PT_SH)
+    a_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], A_SH)
 
     q_starts = _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, BLOCK_M)
     rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
@@ -304,15 +311,15 @@ def _verify_split_kernel_mma2(
     # (K_EXT and an fp8 KV are pointers of two types, so each has its own call)
     if KV.dtype.element_ty == gl.bfloat16:
         lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
-        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, k_base, k_stride,
+        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base, k_stride,
                                     qo_start, lo, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc,
                                     BLOCK_N, BLOCK_M)
     elif is_draft:  # the request's t_b draft latents (rows of K_EXT)
-        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, K_EXT, stride_kext,
+        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, K_EXT, stride_kext,
                                     qo_start, 0, t_b, True, mask_row, row_ok, score_scale, m_i, l_i, acc,
                                     BLOCK_N, BLOCK_M)
     else:
-        acc, m_i, l_i = _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, q_starts, idx_ptr, KV, stride_kv,
+        acc, m_i, l_i = _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, KV, stride_kv,
                                         lo, hi, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
 
     # -- partial result: normalised output and log2-sum-exp2 of this slice --
