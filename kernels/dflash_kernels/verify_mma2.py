@@ -19,7 +19,7 @@ cannot get from the compiler on sm_120 (99 KB of shared memory a block):
 
 An fp8 pool's tile is widened to bf16 (exact) before either dot reads it: its rows are copied into
 the second K buffer, which holds two fp8 tiles, and all warps widen tile j into the first while
-tile j + 1's copies are in flight (_fp8_pool_tiles).
+tile j + 1's copies are in flight (_tiles).
 """
 from __future__ import annotations
 
@@ -179,75 +179,60 @@ def _attend_tile(kn, kp, sp_smem, pt_smem, a_smem, qt, n0, hi, is_draft, mask_ro
 
 
 @gluon.jit
-def _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base, k_stride, qo_start, lo, hi,
-                is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N: gl.constexpr,
-                BLOCK_M: gl.constexpr):
-    """Latents lo .. hi of bf16 rows (a bf16 pool, or a draft block): tile j + 1's gather into
-    the other K buffer is in flight while tile j is attended."""
-    _copy_rows(_blocks(kn_smem.index(1), KN3_SH), _blocks(kp_smem.index(1), KP3_SH), q_starts)  # Q, through the buffer of tile 1
+def _tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base, k_stride, qo_start, lo, hi,
+           is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, WIDEN: gl.constexpr, BLOCK_N: gl.constexpr,
+           BLOCK_M: gl.constexpr):
+    """Latents lo .. hi: tile j + 1's copies are in flight while tile j is attended.
+
+    bf16 rows (a bf16 pool, or a draft block) are copied into the two K buffers in turn. The rows
+    of an fp8 pool (WIDEN) are copied into K buffer 1, which holds two fp8 tiles (the bytes of
+    one bf16 tile) in the same column blocks, and all warps widen tile j into K buffer 0, which
+    both dots then read. Q goes through the buffer tile 0 is not copied into."""
+    if WIDEN:
+        FP8: gl.constexpr = k_base.dtype.element_ty
+        dst_n = kn_smem.index(1)._reinterpret(FP8, [2, 4 * BLOCK_N, 128], FP8_SH)
+        dst_r = kp_smem.index(1)._reinterpret(FP8, [2, 4 * BLOCK_N, 16], FP8_SH)
+        DST_N: gl.constexpr = FP8_3SH
+        DST_R: gl.constexpr = FP8_3SH
+        Q_BUF: gl.constexpr = 0
+    else:
+        dst_n = kn_smem
+        dst_r = kp_smem
+        DST_N: gl.constexpr = KN3_SH
+        DST_R: gl.constexpr = KP3_SH
+        Q_BUF: gl.constexpr = 1
+    _copy_rows(_blocks(kn_smem.index(Q_BUF), KN3_SH), _blocks(kp_smem.index(Q_BUF), KP3_SH), q_starts)
     cp.commit_group()
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     if n_tiles > 0:
         rows0 = _row_starts(_slots(idx_ptr, lo, hi, is_draft, BLOCK_N), k_base, k_stride, qo_start, lo, hi,
                             is_draft, BLOCK_N)
-        _copy_rows(_blocks(kn_smem.index(0), KN3_SH), _blocks(kp_smem.index(0), KP3_SH), rows0)
+        _copy_rows(_blocks(dst_n.index(0), DST_N), _blocks(dst_r.index(0), DST_R), rows0)
     cp.commit_group()
-    qt = _q_t(_blocks(kn_smem.index(1), KN3_SH), _blocks(kp_smem.index(1), KP3_SH))
+    qt = _q_t(_blocks(kn_smem.index(Q_BUF), KN3_SH), _blocks(kp_smem.index(Q_BUF), KP3_SH))
     slots_nx = _slots(idx_ptr, lo + BLOCK_N, hi, is_draft, BLOCK_N)
     for j in range(0, n_tiles):
         buf = j % 2
         n0 = lo + j * BLOCK_N
         slots = slots_nx  # of tile j + 1, loaded one iteration ago
         slots_nx = _slots(idx_ptr, n0 + 2 * BLOCK_N, hi, is_draft, BLOCK_N)
-        # tile j is in; every warp is past iteration j - 1, so buffer 1 - buf and P^T are free
+        # tile j is in; every warp is past iteration j - 1, so the copies' other buffer (or
+        # staging slot), K buffer 0 (widened into then) and P^T are free
         cp.wait_group(0)
         gl.thread_barrier()
         if j + 1 < n_tiles:
             rows = _row_starts(slots, k_base, k_stride, qo_start, n0 + BLOCK_N, hi, is_draft, BLOCK_N)
-            _copy_rows(_blocks(kn_smem.index(1 - buf), KN3_SH), _blocks(kp_smem.index(1 - buf), KP3_SH), rows)
+            _copy_rows(_blocks(dst_n.index(1 - buf), DST_N), _blocks(dst_r.index(1 - buf), DST_R), rows)
         cp.commit_group()
-        acc, m_i, l_i = _attend_tile(kn_smem.index(buf), kp_smem.index(buf), sp_smem, pt_smem, a_smem, qt, n0, hi,
-                                     is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
-    cp.wait_group(0)
-    return acc, m_i, l_i
-
-
-@gluon.jit
-def _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, KV, stride_kv, lo, hi,
-                    mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
-    """Pool latents lo .. hi of an fp8 pool. K buffer 1 holds two fp8 tiles (the bytes of one
-    bf16 tile), in the same column blocks: tile j + 1 is copied into one while all warps widen
-    tile j from the other into K buffer 0, which both dots then read."""
-    FP8: gl.constexpr = KV.dtype.element_ty
-    stage_n = kn_smem.index(1)._reinterpret(FP8, [2, 4 * BLOCK_N, 128], FP8_SH)
-    stage_r = kp_smem.index(1)._reinterpret(FP8, [2, 4 * BLOCK_N, 16], FP8_SH)
-    _copy_rows(_blocks(kn_smem.index(0), KN3_SH), _blocks(kp_smem.index(0), KP3_SH), q_starts)  # Q, through the buffer tiles widen into
-    cp.commit_group()
-    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-    if n_tiles > 0:
-        rows0 = _row_starts(_slots(idx_ptr, lo, hi, False, BLOCK_N), KV, stride_kv, 0, lo, hi, False, BLOCK_N)
-        _copy_rows(_blocks(stage_n.index(0), FP8_3SH), _blocks(stage_r.index(0), FP8_3SH), rows0)
-    cp.commit_group()
-    qt = _q_t(_blocks(kn_smem.index(0), KN3_SH), _blocks(kp_smem.index(0), KP3_SH))
-    slots_nx = _slots(idx_ptr, lo + BLOCK_N, hi, False, BLOCK_N)
-    for j in range(0, n_tiles):
-        buf = j % 2
-        n0 = lo + j * BLOCK_N
-        slots = slots_nx  # of tile j + 1, loaded one iteration ago
-        slots_nx = _slots(idx_ptr, n0 + 2 * BLOCK_N, hi, False, BLOCK_N)
-        # tile j is in; every warp is past iteration j - 1, so K buffer 0 and staging slot 1 - buf
-        # (widened then) are free
-        cp.wait_group(0)
-        gl.thread_barrier()
-        if j + 1 < n_tiles:
-            rows = _row_starts(slots, KV, stride_kv, 0, n0 + BLOCK_N, hi, False, BLOCK_N)
-            _copy_rows(_blocks(stage_n.index(1 - buf), FP8_3SH), _blocks(stage_r.index(1 - buf), FP8_3SH), rows)
-        cp.commit_group()
-        _blocks(kn_smem.index(0), KN3_SH).store(_widen(_blocks(stage_n.index(buf), FP8_3SH).load(NOPE_ROWS)))
-        _blocks(kp_smem.index(0), KP3_SH).store(_widen(_blocks(stage_r.index(buf), FP8_3SH).load(ROPE_ROWS)))
-        gl.thread_barrier()
-        acc, m_i, l_i = _attend_tile(kn_smem.index(0), kp_smem.index(0), sp_smem, pt_smem, a_smem, qt, n0, hi, False,
-                                     mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
+        if WIDEN:
+            _blocks(kn_smem.index(0), KN3_SH).store(_widen(_blocks(dst_n.index(buf), DST_N).load(NOPE_ROWS)))
+            _blocks(kp_smem.index(0), KP3_SH).store(_widen(_blocks(dst_r.index(buf), DST_R).load(ROPE_ROWS)))
+            gl.thread_barrier()
+            acc, m_i, l_i = _attend_tile(kn_smem.index(0), kp_smem.index(0), sp_smem, pt_smem, a_smem, qt, n0, hi,
+                                         is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
+        else:
+            acc, m_i, l_i = _attend_tile(kn_smem.index(buf), kp_smem.index(buf), sp_smem, pt_smem, a_smem, qt, n0,
+                                         hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
     cp.wait_group(0)
     return acc, m_i, l_i
 
@@ -311,16 +296,16 @@ def _verify_split_kernel_mma2(
     # (K_EXT and an fp8 KV are pointers of two types, so each has its own call)
     if KV.dtype.element_ty == gl.bfloat16:
         lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
-        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base, k_stride,
-                                    qo_start, lo, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc,
-                                    BLOCK_N, BLOCK_M)
+        acc, m_i, l_i = _tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base, k_stride,
+                               qo_start, lo, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, False,
+                               BLOCK_N, BLOCK_M)
     elif is_draft:  # the request's t_b draft latents (rows of K_EXT)
-        acc, m_i, l_i = _bf16_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, K_EXT, stride_kext,
-                                    qo_start, 0, t_b, True, mask_row, row_ok, score_scale, m_i, l_i, acc,
-                                    BLOCK_N, BLOCK_M)
+        acc, m_i, l_i = _tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, K_EXT, stride_kext,
+                               qo_start, 0, t_b, True, mask_row, row_ok, score_scale, m_i, l_i, acc, False,
+                               BLOCK_N, BLOCK_M)
     else:
-        acc, m_i, l_i = _fp8_pool_tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, KV, stride_kv,
-                                        lo, hi, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
+        acc, m_i, l_i = _tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, KV, stride_kv, 0,
+                               lo, hi, False, mask_row, row_ok, score_scale, m_i, l_i, acc, True, BLOCK_N, BLOCK_M)
 
     # -- partial result: normalised output and log2-sum-exp2 of this slice --
     has = l_i > 0.0
