@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
-from .verify_gluon import _q_row_ptrs, _tile_slots, _widen
+from .verify_gluon import _online_softmax_step, _q_row_ptrs, _tile_slots, _widen
 
 # S^T's partial sums [column group, latents, rows] over [4, 2, 1] warps
 ST3_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 2, 1], instr_shape=[1, 16, 8]))
@@ -37,15 +37,16 @@ ST3_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4,
 # fragments with about 260 register moves a tile, 1.6x slower (RESULTS.md, session 9)
 K3_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ST3_L, k_width=2))
 Q3_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=ST3_L, k_width=2))
-# the summed S^T (latents x rows) for the softmax: a warp owns 4 rows, each over 8 lanes (latents
-# l, l + 8, l + 16, l + 24 a lane), so its maximum and sum need no other warp, nor a barrier
-ST_L = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [1, 8], [0, 1]))
+# the summed scores for the softmax, S (rows x latents) read transposed from S^T's partial sums: a
+# warp owns 4 rows, each over 8 lanes (latents l, l + 8, l + 16, l + 24 a lane), so its maximum
+# and sum need no other warp, nor a barrier
+S_L = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [8, 1], [1, 0]))
 # a 128-column block of O^T (columns x rows) over [8, 1] warps: 16 columns of every row a warp
 OT_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[8, 1], instr_shape=[16, 8]))
 VT_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=OT_L, k_width=2))
 PT_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=OT_L, k_width=2))
-KEY_S = gl.constexpr(gl.SliceLayout(1, ST_L))  # along S^T's latents
-ROW_S = gl.constexpr(gl.SliceLayout(0, ST_L))  # along S^T's query rows
+KEY_S = gl.constexpr(gl.SliceLayout(0, S_L))  # along S's latents
+ROW_S = gl.constexpr(gl.SliceLayout(1, S_L))  # along S's query rows
 ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
 # row copies [column group, row, column], 8 values a thread: each 8 lanes copy (or widen) 128
 # bytes of one row of a block, which the swizzle puts in 8 different bank groups
@@ -136,6 +137,12 @@ def _q_t(qn_buf, qp_buf):
 
 
 @gluon.jit
+def _s_of(sp_smem, g, BLOCK_N: gl.constexpr):
+    """Column group g's partial sum of S^T, read as S (rows x latents)."""
+    return sp_smem.slice(g * BLOCK_N, BLOCK_N).permute((1, 0)).load(S_L)
+
+
+@gluon.jit
 def _attend_tile(kn, kp, sp_smem, pt_smem, a_smem, qt, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc,
                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
     """Fold the bf16 tile of latents n0 .. n0 + BLOCK_N (kn: the nope part's four 128-column
@@ -148,24 +155,12 @@ def _attend_tile(kn, kp, sp_smem, pt_smem, a_smem, qt, n0, hi, is_draft, mask_ro
     s3 = mma_v2(_blocks(kp, KP3_SH).load(K3_A), qt_r, s3)
     _blocks(sp_smem, SP3_SH).store(s3)
     gl.thread_barrier()
-    s = (sp_smem.slice(0, BLOCK_N).load(ST_L) + sp_smem.slice(BLOCK_N, BLOCK_N).load(ST_L)) + \
-        (sp_smem.slice(2 * BLOCK_N, BLOCK_N).load(ST_L) + sp_smem.slice(3 * BLOCK_N, BLOCK_N).load(ST_L))
-    # mask (latents past hi; a draft tile's tree mask: one 32-bit word a row) and the online
-    # softmax along the latents, S^T's first dimension
-    cols = n0 + gl.arange(0, BLOCK_N, layout=KEY_S)
-    if is_draft:
-        word = gl.load(mask_row + (n0 >> 5), mask=row_ok, other=0)
-        visible = (((word[None, :] >> (cols & 31)[:, None]) & 1) != 0) & (cols < hi)[:, None]
-        s = gl.where(visible, s, float("-inf"))
-    elif n0 + BLOCK_N > hi:
-        s = gl.where((cols < hi)[:, None], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 0) * score_scale)
-    m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_i - m_sub)
-    p = gl.exp2(s * score_scale - m_sub[None, :])
-    l_i = l_i * alpha + gl.sum(p, 0)
+    s = (_s_of(sp_smem, 0, BLOCK_N) + _s_of(sp_smem, 1, BLOCK_N)) + \
+        (_s_of(sp_smem, 2, BLOCK_N) + _s_of(sp_smem, 3, BLOCK_N))
+    p, alpha, m_new, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i,
+                                                BLOCK_N, KEY_S)
     # P^T and the rows' rescale factors, for every warp's O^T columns, through shared memory
-    pt_smem.store(p.to(gl.bfloat16))
+    pt_smem.permute((1, 0)).store(p.to(gl.bfloat16))
     a_smem.store(alpha)
     gl.thread_barrier()
     pt = pt_smem.load(PT_B)
