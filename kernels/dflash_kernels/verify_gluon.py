@@ -18,8 +18,9 @@ cannot get from the compiler (see RESULTS.md, session 2), in the lock-step kerne
     S_j, the softmax and P_j.V_j (Triton's pipeliner issues it after S_j and the softmax).
 
 Shared memory (BLOCK_N = 64): Q 72 KB + 2 x K 72 KB + P 8 KB = 224 KB of the 227 KB per block.
-This module is imported on sm_90 devices, on sm_120 ones (verify_mma2.py reuses its gather
-helpers) and by the AOT build (not by Triton's CPU interpreter, which does not run Gluon).
+This module is imported on sm_90 devices, on sm_120 ones (verify_mma2.py reuses its row,
+widening and softmax helpers) and by the AOT build (not by Triton's CPU interpreter, which does
+not run Gluon).
 """
 from __future__ import annotations
 
