@@ -43,14 +43,6 @@ VARIANTS = {
     "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
     # session 8: the same with three K buffers (the room a separate fp8 staging buffer takes)
     "gluon-ws-s3": V(64, 32, 4, 3, 64, False, gluon=True, warp_specialized=True),
-    # session 5: the seesaw kernel (_verify_split_kernel_gluon_ss): two alike MMA groups take
-    # turns at S and the softmax, each keeps half of the output columns
-    "gluon-ws-ss": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, seesaw=True),
-    # session 7: the seesaw over 64-latent tiles (_verify_split_kernel_gluon_s64): S as m64n64
-    # wgmma, two K buffers freed and refilled by halves; the next tile's S after or before the
-    # P.V half of the other group's tile
-    "gluon-s64": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, seesaw=True),
-    "gluon-s64-sf": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, seesaw=True, s_before_pv=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

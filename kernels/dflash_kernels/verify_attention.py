@@ -346,8 +346,6 @@ class VerifyConfig:
     waves: float = 1.0  # programs per SM the default split count aims at (2: two resident CTAs)
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
-    seesaw: bool = False  # with warp_specialized: two alike MMA groups that take turns at S (verify_gluon.py)
-    s_before_pv: bool = False  # with seesaw and block_n 64: the next tile's S issued before the P.V half
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # merge kernel (output columns per program, partials loaded at once); None: chosen from the
     # split count and the batch (merge_tile)
@@ -448,14 +446,7 @@ def split_kernel(cfg: VerifyConfig, heads: int):
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
         ws_const = {**const, "NUM_STAGES": cfg.num_stages}  # K buffers, filled by the loader partition
-        if cfg.seesaw and cfg.block_n == 64:  # the seesaw over 64-latent tiles and two half-freed buffers
-            fn = verify_gluon._verify_split_kernel_gluon_s64
-            ws_const["S_BEFORE_PV"] = cfg.s_before_pv
-        elif cfg.seesaw:
-            fn = verify_gluon._verify_split_kernel_gluon_ss
-        else:
-            fn = verify_gluon._verify_split_kernel_gluon_ws
-        return fn, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
+        return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 
 
@@ -480,7 +471,8 @@ def is_plain_pool(kv_dtype, k_scale: float = 1.0, v_scale: float = 1.0) -> bool:
 def takes_scales(split_fn) -> bool:
     """Whether a split kernel takes the pool's scales, and so reads scaled and fp8 pools: the
     Triton-language kernel, the shipped warp-specialised Gluon kernel and sm_120's Gluon kernel;
-    the other Gluon kernels, kept as candidates, read an unscaled bf16 pool only."""
+    sm_90's lock-step Gluon kernel (_verify_split_kernel_gluon), kept in the sweeps and the GPU
+    tests, reads an unscaled bf16 pool only."""
     return "k_scale" in split_fn.arg_names
 
 

@@ -199,48 +199,6 @@ def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
     _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
 
 
-def test_seesaw_sm90_kernel_builds(tmp_path):
-    """The seesaw candidate (not shipped; RESULTS.md, session 5) still compiles for sm_90: two MMA
-    groups that each issue S (36 wgmma per tile, in the prologue and before each tile of the
-    other group's) and P.V for their 256 columns, within a block's shared memory, and ptxas keeps
-    its wgmma asynchronous."""
-    from dflash_kernels import verify_gluon as vg
-    va = aot.va
-    cfg = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, seesaw=True)
-    kernel, const, opts = va.split_kernel(cfg, 8)
-    assert kernel is vg._verify_split_kernel_gluon_ss
-    k = aot.compile_one(kernel, aot.split_signature(kernel), const, 90, opts)
-    assert k.metadata.shared <= SM90_SMEM_LIMIT
-    cubin = tmp_path / "ss.cubin"
-    cubin.write_bytes(k.asm["cubin"])
-    sass = _sass(cubin)
-    # S of tile 0 (group 0), then one S per tile of the other group's, in each group's pair body
-    assert sass.count("HGMMA.64x32x16.F32.BF16") == 36 * 3
-    assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 4  # P.V: own and other tile, per group
-    _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
-
-
-def test_seesaw_over_64_latent_tiles_builds(tmp_path):
-    """The candidate of session 7 (not shipped; RESULTS.md): S as 64x64 wgmma (36 per 64-latent
-    tile: group 0's first tile, then one S per group ahead of its next tile), P.V as 64x256 for
-    each group's half, two K buffers freed by halves, one P buffer; within a block's shared
-    memory, with its wgmma asynchronous."""
-    from dflash_kernels import verify_gluon as vg
-    va = aot.va
-    cfg = va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, seesaw=True)
-    kernel, const, opts = va.split_kernel(cfg, 8)
-    assert kernel is vg._verify_split_kernel_gluon_s64
-    k = aot.compile_one(kernel, aot.split_signature(kernel), const, 90, opts)
-    assert k.metadata.shared <= SM90_SMEM_LIMIT
-    cubin = tmp_path / "s64.cubin"
-    cubin.write_bytes(k.asm["cubin"])
-    sass = _sass(cubin)
-    assert "HGMMA.64x32x16" not in sass
-    assert sass.count("HGMMA.64x64x16.F32.BF16") == 36 * 3
-    assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 2 * 4  # per group: own and other tile, k = 64
-    _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
-
-
 def test_archs_before_sm89_build_no_fp8_kernels():
     """Triton has no e4m3 before sm_89, and the launcher refuses fp8 pools there: an sm_80 build
     and its check leave them out instead of failing."""

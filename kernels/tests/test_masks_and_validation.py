@@ -76,11 +76,11 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv.half(), idx, kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="k_extend: expected bfloat16"):
         va.verify_attention(q, ke.to(torch.float8_e4m3fn), kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE)
-    seesaw = dataclasses.replace(va.CONFIGS["sm90"], seesaw=True)  # a Gluon candidate: unscaled bf16 pools only
-    with pytest.raises(ValueError, match="_verify_split_kernel_gluon_ss reads an unscaled bfloat16 pool"):
-        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=seesaw)
-    with pytest.raises(ValueError, match="_verify_split_kernel_gluon_ss reads an unscaled bfloat16 pool"):
-        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=seesaw, k_scale=0.5)
+    lock_step = dataclasses.replace(va.CONFIGS["sm90"], warp_specialized=False)  # unscaled bf16 pools only
+    with pytest.raises(ValueError, match="_verify_split_kernel_gluon reads an unscaled bfloat16 pool"):
+        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=lock_step)
+    with pytest.raises(ValueError, match="_verify_split_kernel_gluon reads an unscaled bfloat16 pool"):
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=lock_step, k_scale=0.5)
     with pytest.raises(TypeError, match="kv_indices"):
         va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="kv_indptr"):
@@ -133,8 +133,8 @@ def test_gluon_archs_fall_back_to_the_triton_kernel_without_gluon(monkeypatch):
 def test_every_pool_runs_the_shipped_kernels():
     """Each arch's kernels read scaled pools, and each arch's one config reads fp8 pools too (on
     sm_90 the Gluon kernel's loader widens an fp8 pool's rows, session 8; on sm_120 all its warps
-    do, session 10). The Gluon candidates read unscaled bf16 only (the launcher refuses them
-    other pools: test_validation_errors)."""
+    do, session 10). sm_90's lock-step Gluon kernel reads unscaled bf16 only (the launcher refuses
+    it other pools: test_validation_errors)."""
     for cfg in (va.CONFIGS["sm90"], va.SM90_TRITON, va.CONFIGS["sm120"], va.SM120_TRITON, va.SM120_TRITON_FP8,
                 va.CONFIGS["sm80"]):
         assert va.takes_scales(va.split_kernel(cfg, 8)[0]), cfg
@@ -143,7 +143,7 @@ def test_every_pool_runs_the_shipped_kernels():
         assert va.config_for_arch(9, 0, fp8) == va.config_for_arch(9, 0) == va.CONFIGS["sm90"]
         assert va.config_for_arch(8, 9, fp8) == va.config_for_arch(8, 9) == va.CONFIGS["sm80"]
     assert va.config_for_arch(12, 0) == va.config_for_arch(12, 0, torch.bfloat16) == va.CONFIGS["sm120"]
-    seesaw = dataclasses.replace(va.CONFIGS["sm90"], seesaw=True)
-    assert not va.takes_scales(va.split_kernel(seesaw, 8)[0])
+    lock_step = dataclasses.replace(va.CONFIGS["sm90"], warp_specialized=False)
+    assert not va.takes_scales(va.split_kernel(lock_step, 8)[0])
     assert va.is_plain_pool(torch.bfloat16) and not va.is_plain_pool(torch.float8_e4m3fn)
     assert not va.is_plain_pool(torch.bfloat16, k_scale=0.5) and not va.is_plain_pool(torch.bfloat16, v_scale=2.0)

@@ -235,9 +235,6 @@ CANDIDATES = [
     va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
     va.VerifyConfig(64, 64, 8, 1, 64, gluon=True),  # the Gluon split kernel (sm_90 only)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True),  # its warp-specialised twin
-    va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, seesaw=True),  # and the seesaw one
-    va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, seesaw=True),  # over 64-latent tiles
-    va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, seesaw=True, s_before_pv=True),
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
