@@ -161,6 +161,21 @@ def test_sm120_kernel_scaled_pool_every_shape(kv_dtype):
         _check(case, *_run(case, config=va.CONFIGS["sm120"], **scales), **scales)
 
 
+@pytest.mark.parametrize("config", [None, "sm120"])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_rising_scores(kv_dtype, config):
+    """Scores that rise steeply within every 256 keys (each key scaled by 1 ... 6 along them), so
+    a row's running maximum rises by some 40 (log2) over several tiles of every slice, a few rows at a
+    time, and the accumulators are rescaled mid-slice by tiny factors; the draft block's scores
+    lie far below the prefix's. (A kernel that skipped those rescales fails it: RESULTS.md,
+    session 11.)"""
+    case = make_case([60_000, 5_000], [16, 16], 8, mask="tree", kv_dtype=kv_dtype)
+    idx = case["kv_indices"].long()
+    ramp = 1.0 + 5.0 * (torch.arange(idx.numel(), device="cuda") % 256) / 255.0
+    case["kv_cache"][idx] = (case["kv_cache"][idx].float() * ramp[:, None]).to(kv_dtype)
+    _check(case, *_run(case, config=config and va.CONFIGS[config]))
+
+
 def test_pack_custom_mask_matches_sglang_layout():
     from cases import sglang_custom_mask
     case = make_case([100, 0, 5000], [16, 5, 64], 8, mask="tree", max_q_len=64)
