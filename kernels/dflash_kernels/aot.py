@@ -80,7 +80,7 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     head count and batch bucket: plan, split (per pool dtype) and merge."""
     plans = [("verify_plan", *_with_sig(va.plan_kernel(_config(arch), bs_pad), _PLAN_SIG))]
     merges = []
-    for tile in (va.MERGE_TILE_FEW, va.MERGE_TILE_MANY):  # the launcher picks one (merge_tile)
+    for tile in va.MERGE_TILES:  # the launcher picks one (merge_tile)
         tag = f"_d{tile[0]}c{tile[1]}"
         # with and without the LSE output (SGLang's verify call asks for none)
         merges += [("verify_merge" + tag, *_with_sig(va.merge_kernel(heads, True, tile), _MERGE_SIG)),

@@ -378,14 +378,15 @@ CONFIGS = {
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
 MERGE_NUM_WARPS = 4
-# (block_d, chunk) of the merge kernel, by the mean number of partials per request (its slices
-# and its draft block), a static bound from the split count and the batch: up to 32, 128
-# columns x 32 partials; more (66 slices at t = 16, bs = 1 on 132 SMs), 64 columns x 128, so
-# that one memory round trip fetches them all. Measured on the H200 (RESULTS.md, session 5),
-# merge alone in graph replay: bs = 1, 128k, t = 16 (67 partials): 13.6 us against 18.2;
-# bs = 8, t = 16 (about 10 per request): 21.8 against 36.2; t = 64 (17): 17-18 against 22.
-MERGE_TILE_FEW = (128, 32)
-MERGE_TILE_MANY = (64, 128)
+# (block_d, chunk) of the merge kernel: the first whose chunk holds the mean number of partials per
+# request (its slices and its draft block), a static bound from the split count and the batch, so
+# that one memory round trip fetches them all: up to 32, 128 columns x 32 partials; up to 64 (34 at
+# t = 16, bs = 1 with sm_120's 32-row blocks on 132 SMs), 64 x 64; more (67 with sm_90's 64-row
+# blocks), 64 x 128. Measured on the H200, merge alone in graph replay (RESULTS.md, sessions 5
+# and 11): 128k, t = 16, 67 partials: 13.7 us, against 18.5 for 128 x 32; 34 partials: 10.0 us,
+# against 11.4 for 64 x 128; bs = 8, t = 16 (about 10 a request): 21.9 against 36.6; t = 64 (17):
+# 18.1 against 22.1. No other tile of 4 or 8 warps was faster by more than 1 us at any point.
+MERGE_TILES = ((128, 32), (64, 64), (64, 128))
 
 
 def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> tuple[int, int]:
@@ -393,7 +394,7 @@ def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> tuple[int, int
     if cfg.merge_tile is not None:
         return cfg.merge_tile
     mean_partials = (num_splits + batch - 1) / batch + 1
-    return MERGE_TILE_FEW if mean_partials <= MERGE_TILE_FEW[1] else MERGE_TILE_MANY
+    return next((tile for tile in MERGE_TILES if mean_partials <= tile[1]), MERGE_TILES[-1])
 
 
 PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step

@@ -9,7 +9,7 @@ import sys
 import pytest
 import triton
 from dflash_kernels import aot
-from dflash_kernels.verify_attention import MERGE_TILE_FEW, MERGE_TILE_MANY
+from dflash_kernels.verify_attention import MERGE_TILES
 
 va = aot.va
 
@@ -17,8 +17,8 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SM120_SMEM_LIMIT = 101376  # 99 KB per block on sm_120 (RTX PRO 6000 / RTX 50xx)
 SM90_SMEM_LIMIT = 227 * 1024  # per block on the H100 / H200
 SMEM_LIMITS = {120: SM120_SMEM_LIMIT, 90: SM90_SMEM_LIMIT}
-# the launcher picks a merge tile from the split count and the batch: both are built
-MERGE_NAMES = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in (MERGE_TILE_FEW, MERGE_TILE_MANY)}
+# the launcher picks a merge tile from the split count and the batch: all are built
+MERGE_NAMES = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in MERGE_TILES}
 # the split kernel for each pool dtype: bf16, fp8 e4m3, fp8 e5m2
 SPLIT_NAMES = {"verify_split" + suffix for suffix in aot.KV_POOL_TYPES}
 HOPPER_ONLY = re.compile(r"\b(HGMMA|WGMMA|UTMALDG|UTMASTG|UTMAPF|UBLKCP|SYNCS)\b")
@@ -66,7 +66,7 @@ def test_manifest(built):
 def test_sm120_cubin_is_sm120_mma_sync_only(built):
     out, manifest = built
     cubins = sorted(glob.glob(os.path.join(out, "sm_120", "*.cubin")))
-    assert len(cubins) == 8  # plan, split for three pool dtypes, merge with and without LSE at two tiles
+    assert len(cubins) == 1 + 3 + len(MERGE_NAMES)  # plan, split for three pool dtypes, merge with and without LSE a tile
     for c in cubins:
         sass = _sass(c)
         assert re.search(r"code for sm_120a?\b", sass), f"{c}: not sm_120 code"

@@ -76,7 +76,7 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv.half(), idx, kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="k_extend: expected bfloat16"):
         va.verify_attention(q, ke.to(torch.float8_e4m3fn), kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE)
-    lock_step = dataclasses.replace(va.CONFIGS["sm90"], warp_specialized=False)  # unscaled bf16 pools only
+    lock_step = va.VerifyConfig(64, 64, 8, 1, 64, gluon=True)  # the sweeps' gluon-n64: unscaled bf16 pools only
     with pytest.raises(ValueError, match="_verify_split_kernel_gluon reads an unscaled bfloat16 pool"):
         va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=lock_step)
     with pytest.raises(ValueError, match="_verify_split_kernel_gluon reads an unscaled bfloat16 pool"):
@@ -143,7 +143,20 @@ def test_every_pool_runs_the_shipped_kernels():
         assert va.config_for_arch(9, 0, fp8) == va.config_for_arch(9, 0) == va.CONFIGS["sm90"]
         assert va.config_for_arch(8, 9, fp8) == va.config_for_arch(8, 9) == va.CONFIGS["sm80"]
     assert va.config_for_arch(12, 0) == va.config_for_arch(12, 0, torch.bfloat16) == va.CONFIGS["sm120"]
-    lock_step = dataclasses.replace(va.CONFIGS["sm90"], warp_specialized=False)
+    lock_step = va.VerifyConfig(64, 64, 8, 1, 64, gluon=True)
     assert not va.takes_scales(va.split_kernel(lock_step, 8)[0])
     assert va.is_plain_pool(torch.bfloat16) and not va.is_plain_pool(torch.float8_e4m3fn)
     assert not va.is_plain_pool(torch.bfloat16, k_scale=0.5) and not va.is_plain_pool(torch.bfloat16, v_scale=2.0)
+
+
+def test_merge_tile_holds_the_mean_partials():
+    """The merge tile is the first whose chunk holds a request's mean partials (slices plus the
+    draft block), so one memory round trip fetches them; more than any chunk holds loops."""
+    cfg = va.CONFIGS["sm90"]
+    assert va.merge_tile(cfg, 66, 1) == (64, 128)  # 67: sm_90 at t = 16 on 132 SMs
+    assert va.merge_tile(cfg, 33, 1) == (64, 64)  # 34: sm_120's 32-row blocks there
+    assert va.merge_tile(cfg, 16, 1) == (128, 32)  # 17: t = 64
+    assert va.merge_tile(cfg, 66, 8) == (128, 32)  # about 10 a request
+    assert va.merge_tile(cfg, 31, 1) == (128, 32) and va.merge_tile(cfg, 32, 1) == (64, 64)  # 32 | 33
+    assert va.merge_tile(cfg, 400, 1) == (64, 128)
+    assert va.merge_tile(dataclasses.replace(cfg, merge_tile=(128, 8)), 66, 1) == (128, 8)

@@ -1,0 +1,83 @@
+"""The merge kernel alone, timed in graph replay for several tiles (output columns x partials a
+program) and warp counts, over the points of the results table, for each arch's config:
+
+    python kernels/bench/merge_tiles.py [--configs sm90,sm120]
+
+Each point runs the whole call once with the launcher's tile (merge_tile) to fill the partials
+and its output, then times the merge alone per candidate and checks its output against that one
+(the chunking changes only the order of the sums). The first candidate is what the launcher
+picks today; a line per point names the fastest.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_verify as bv  # noqa: E402  (puts the package and the tests folder on sys.path)
+from cases import SM_SCALE, make_case, rel_err  # noqa: E402
+
+va = bv.va
+MIX = [1024, 3000, 8192, 20000, 50000, 100000, 131072, 200000]
+POINTS = [([1024], 16), ([32768], 16), ([131072], 16), ([131072], 64), (MIX, 16), (MIX, 64)]
+# (block_d, chunk, num_warps)
+CANDIDATES = [(64, 128, 4), (128, 32, 4), (64, 128, 8), (32, 128, 4), (128, 128, 8), (64, 64, 4), (128, 64, 8),
+              (32, 64, 4), (256, 32, 8), (32, 32, 4), (64, 32, 4)]
+
+
+def merge_call(c, cfg, ws, ns, t, out, lse):
+    va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"], c["qo_indptr"],
+                        c["tree_mask"], SM_SCALE, out=out, lse=lse, workspace=ws, max_q_len=t, num_splits=ns,
+                        config=cfg, _phases=("merge",))
+
+
+def point(cfg, lens, t, h=8):
+    c = make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024)
+    _, ns, _ = va.plan(c["q"], len(lens), t, None, cfg)
+    ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
+    n = c["q"].shape[0]
+    ref = torch.empty(n, h, 512, dtype=torch.bfloat16, device="cuda")
+    ref_lse = torch.empty(n, h, dtype=torch.float32, device="cuda")
+    va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"], c["qo_indptr"],
+                        c["tree_mask"], SM_SCALE, out=ref, lse=ref_lse, workspace=ws, max_q_len=t, num_splits=ns,
+                        config=cfg)
+    shipped = va.merge_tile(cfg, ns, len(lens)) + (va.MERGE_NUM_WARPS,)
+    cands = [shipped] + [x for x in CANDIDATES if x != shipped]
+    times = {}
+    for bd, chunk, warps in cands:
+        va.MERGE_NUM_WARPS = warps
+        cand_cfg = dataclasses.replace(cfg, merge_tile=(bd, chunk))
+        out = torch.full_like(ref, float("nan"))
+        lse = torch.full_like(ref_lse, float("nan"))
+        merge_call(c, cand_cfg, ws, ns, t, out, lse)
+        err = rel_err(out, ref)
+        ok = not torch.isnan(out).any() and err < 1e-3 and torch.allclose(lse, ref_lse, atol=1e-4, rtol=0)
+        times[(bd, chunk, warps)] = bv.graph_ms(lambda f=cand_cfg, o=out, x=lse: merge_call(c, f, ws, ns, t, o, x)) * 1e3
+        if not ok:
+            print(f"   tile {bd}x{chunk} w{warps}: WRONG (rel err {err:.2e})")
+    va.MERGE_NUM_WARPS = shipped[2]
+    best = min(times, key=times.get)
+    name = f"bs={len(lens)} L={lens[0] if len(lens) == 1 else 'mixed'} t={t} splits={ns}"
+    print(f"{name}: shipped {shipped[0]}x{shipped[1]} w{shipped[2]} {times[shipped]:.1f} us, fastest "
+          f"{best[0]}x{best[1]} w{best[2]} {times[best]:.1f} us (graph replay, merge alone)")
+    print("   " + ", ".join(f"{k[0]}x{k[1]}w{k[2]} {v:.1f}" for k, v in times.items()), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="sm90,sm120", help="keys of CONFIGS")
+    a = ap.parse_args()
+    print(torch.cuda.get_device_name(), flush=True)
+    for key in a.configs.split(","):
+        print(f"== {key}: {va.CONFIGS[key]}", flush=True)
+        for lens, t in POINTS:
+            point(va.CONFIGS[key], lens, t)
+
+
+if __name__ == "__main__":
+    main()
