@@ -174,6 +174,25 @@ def check_plan(config: NodeConfig, target: TunedValues, inputs: planner.PlanInpu
     return problems
 
 
+class RestartAbandoned(click.ClickException):
+    """The restart stopped after the new override file was written: that file is back as it was."""
+
+
+def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseException) -> None:
+    """Put the previous override file back and record why, when a restart cannot be followed to its
+    end. No second start: the unit runs what systemd last started (the new values, if the restart
+    went through) until its next start, which reads the restored file."""
+    write_override_text(config.override_env_file, old_text)
+    why = "interrupted" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
+    append_record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
+                                         "override_restored": True, **change})
+    if isinstance(error, Exception) and not isinstance(error, RestartAbandoned):
+        raise RestartAbandoned(
+            f"the restart could not be followed ({why}); the previous override file is restored. "
+            f"Check `systemctl status {config.unit}` and run `opsctl status`; restart again once the "
+            f"cause is fixed") from error
+
+
 def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: bool, budget_s: float,
             wait_lock_s: float, progress: ProgressCallback, replace: bool = False,
             journal_lines: Callable[[], list[str]] = lambda: []) -> RestartOutcome:
@@ -196,7 +215,11 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
         append_record(history, {"event": "restart", "outcome": "started", **change})
         write_override_text(config.override_env_file,
                             render_overrides(overrides, config.env_file, actor(), reason))
-        attempt = start_and_wait(config, budget_s, progress)
+        try:
+            attempt = start_and_wait(config, budget_s, progress)
+        except BaseException as error:  # systemctl or journald failing, a timeout, Ctrl-C
+            _abandon(config, old_text, change, error)
+            raise
         if attempt.ok:
             append_record(history, {"event": "restart", "outcome": "ok", "start_seconds": round(attempt.seconds, 1),
                                     **change})

@@ -2,7 +2,8 @@
 
 Exit codes: 0 the engine serves on the new values; 1 the change failed and was rolled back
 (the engine serves on the old values again); 2 usage errors or a refusal by the planner;
-3 the change failed and so did the rollback: the engine is down, act now.
+3 the change failed and so did the rollback, or the restart could not be followed (systemctl or
+journald failing): the engine may be down, act now (the previous override file is back in place).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from opsctl.envfiles import effective_config
 from opsctl.oom import read_journal
 from opsctl.output import console, err_console, print_json
 from opsctl.overrides import TunedValues, read_overrides
-from opsctl.restart import RestartOutcome, StartReport, restart, usual_start_seconds
+from opsctl.restart import RestartAbandoned, RestartOutcome, StartReport, restart, usual_start_seconds
 
 EXIT_ROLLED_BACK, EXIT_REFUSED, EXIT_DOWN = 1, 2, 3
 
@@ -84,6 +85,10 @@ def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: floa
     try:
         outcome = restart(config, requested, reason=reason, force=force, budget_s=budget, wait_lock_s=wait_lock_s,
                           progress=progress, replace=replace, journal_lines=_journal_lines)
+    except RestartAbandoned as error:  # after the override file was written: not "nothing changed"
+        progress.stop()
+        error.exit_code = EXIT_DOWN
+        raise
     except click.ClickException as error:
         progress.stop()
         error.exit_code = EXIT_REFUSED

@@ -45,6 +45,60 @@ def test_restart_refuses_while_another_change_holds_the_lock(node):
     assert "opsctl-guard: remediation" in result.output
 
 
+ORIGINAL_OVERRIDE = "# Managed by opsctl\nSGLANG_MEM_FRACTION_STATIC=0.94\n"
+
+
+def _history(node):
+    return [json.loads(line) for line in (node / "state" / "history.jsonl").read_text().splitlines()]
+
+
+def _fake_starts(monkeypatch, node, *results):
+    """start_and_wait answering from `results` in turn (a StartReport's ok flag, or an exception),
+    recording the override file each start would read."""
+    from opsctl import restart as restart_module
+    seen = []
+
+    def start(config, budget_s, progress):
+        seen.append((node / "override.env").read_text())
+        result = results[len(seen) - 1]
+        if isinstance(result, BaseException):
+            raise result
+        return restart_module.StartReport(result, "healthy" if result else "the engine exited (status 1)",
+                                          1.0, "ready" if result else "loading weights", [])
+    monkeypatch.setattr(restart_module, "start_and_wait", start)
+    return seen
+
+
+def test_a_failed_start_rolls_back_to_the_previous_override_file(node, monkeypatch):
+    seen = _fake_starts(monkeypatch, node, False, True)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 1, result.output
+    assert "SGLANG_MEM_FRACTION_STATIC=0.91" in seen[0] and seen[1] == ORIGINAL_OVERRIDE
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    assert [(r["event"], r["outcome"]) for r in _history(node)] == [
+        ("restart", "started"), ("restart", "failed"), ("rollback", "ok")]
+
+
+@pytest.mark.parametrize("error", [click.ClickException("systemctl restart sglang.service failed: timeout"),
+                                   FileNotFoundError("journalctl")])
+def test_a_restart_that_cannot_be_followed_restores_the_override_file(node, monkeypatch, error):
+    _fake_starts(monkeypatch, node, error)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 3, result.output  # not 2: the file had been written
+    assert "the previous override file is restored" in result.output and str(error) in result.output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    last = _history(node)[-1]
+    assert (last["event"], last["outcome"], last["override_restored"]) == ("restart", "abandoned", True)
+
+
+def test_an_interrupted_restart_restores_the_override_file(node, monkeypatch):
+    _fake_starts(monkeypatch, node, KeyboardInterrupt())
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 1 and "Aborted" in result.output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    assert _history(node)[-1]["why"] == "interrupted"
+
+
 def test_overrides_show_their_source_and_ansible_value(node):
     result = CliRunner().invoke(cli, ["overrides"])
     assert result.exit_code == 0
