@@ -28,6 +28,10 @@ def cli(host: str | None, inventory: str | None, limit: str | None) -> None:
     Runs on the node itself, or from an operator's machine with -H or -i/-l, which hand the
     command to the node's opsctl (over `docker exec` or ssh) and return its output and exit code.
     """
+    # main() takes the target options before click sees them; any left here would be ignored and
+    # the command would run on this machine instead of the node
+    if host or inventory or limit:
+        raise click.UsageError("give -H / -i / -l before the command, e.g. opsctl -H docker://NODE status")
 
 
 cli.add_command(status)
@@ -42,7 +46,11 @@ cli.add_command(rollout)
 
 def main() -> None:
     """Entry point: hand the command to a node when a target is given, else run it here."""
-    target, rest = remote.split_target_args(sys.argv[1:])
-    if target:
-        sys.exit(remote.run_remote(target, rest))
+    try:
+        target, rest = remote.split_target_args(sys.argv[1:])
+        if target:
+            sys.exit(remote.run_remote(target, rest))
+    except click.ClickException as error:  # outside click's own handling: show it as click would
+        error.show()
+        sys.exit(error.exit_code)
     cli()

@@ -20,21 +20,42 @@ TARGET_OPTIONS = {"-H": "host", "--host": "host", "-i": "inventory", "--inventor
                   "-l": "limit", "--limit": "limit"}
 
 
+def _target_option(word: str) -> tuple[str, str | None] | None:
+    """(name, value or None) of a target option in any of click's spellings: `-H X`, `-HX`,
+    `--host X`, `--host=X`; None for any other word."""
+    if word in TARGET_OPTIONS:
+        return TARGET_OPTIONS[word], None
+    flag, eq, value = word.partition("=")
+    if eq and flag.startswith("--") and flag in TARGET_OPTIONS:
+        return TARGET_OPTIONS[flag], value
+    if len(word) > 2 and not word.startswith("--") and word[:2] in TARGET_OPTIONS:
+        return TARGET_OPTIONS[word[:2]], word[2:]
+    return None
+
+
 def split_target_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     """Take the target options that come before the command name; return them and the rest."""
     target: dict[str, str] = {}
     rest = list(argv)
-    while rest and rest[0] in TARGET_OPTIONS:
+    while rest and (option := _target_option(rest[0])) is not None:
         flag = rest.pop(0)
-        if not rest:
-            raise click.UsageError(f"{flag} needs a value")
-        target[TARGET_OPTIONS[flag]] = rest.pop(0)
+        name, value = option
+        if value is None:
+            if not rest:
+                raise click.UsageError(f"{flag} needs a value")
+            value = rest.pop(0)
+        if not value:
+            raise click.UsageError(f"{flag.partition('=')[0]} needs a value")
+        target[name] = value
     return target, rest
 
 
 def _from_inventory(inventory: str, host: str) -> str:
-    result = subprocess.run(["ansible-inventory", "-i", inventory, "--host", host],
-                            capture_output=True, text=True, check=False)
+    try:
+        result = subprocess.run(["ansible-inventory", "-i", inventory, "--host", host],
+                                capture_output=True, text=True, check=False, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        raise click.ClickException(f"ansible-inventory -i {inventory} did not answer within 60 s") from exc
     if result.returncode != 0:
         raise click.ClickException(f"host {host} not found in {inventory}: {result.stderr.strip().splitlines()[-1:]}")
     hostvars = json.loads(result.stdout)
@@ -50,6 +71,8 @@ def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
     """The local command that runs `opsctl ARGS` on the target node."""
     if "limit" in target and "inventory" not in target:
         raise click.UsageError("-l/--limit needs -i/--inventory")
+    if "inventory" in target and "limit" not in target and "host" not in target:
+        raise click.UsageError("-i/--inventory needs -l/--limit HOST: the inventory host to run on")
     url = target.get("host") or _from_inventory(target["inventory"], target.get("limit", ""))
     parsed = urlparse(url if "://" in url else f"ssh://{url}")
     if parsed.scheme == "docker":
@@ -63,4 +86,9 @@ def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
 
 
 def run_remote(target: dict[str, str], args: list[str]) -> int:
-    return subprocess.call(remote_command(target, args))
+    command = remote_command(target, args)
+    try:
+        return subprocess.call(command)
+    except FileNotFoundError as exc:
+        raise click.ClickException(f"{command[0]} is not installed here: it carries the command to the node "
+                                   f"(install it, or run opsctl on the node itself)") from exc

@@ -131,3 +131,37 @@ def test_remote_targets_become_the_node_side_command(monkeypatch):
         remote.remote_command({"host": "ftp://node"}, ["status"])
     with pytest.raises(click.UsageError, match="-l/--limit needs -i/--inventory"):
         remote.remote_command({"limit": "dflash-train"}, ["status"])
+
+
+@pytest.mark.parametrize("argv", [["--host=docker://dflash-train", "status"], ["-Hdocker://dflash-train", "status"],
+                                  ["--host", "docker://dflash-train", "status"]])
+def test_every_spelling_of_a_target_goes_to_the_node(argv):
+    from opsctl import remote
+
+    assert remote.split_target_args(argv) == ({"host": "docker://dflash-train"}, ["status"])
+
+
+def test_target_mistakes_are_usage_errors_not_tracebacks(monkeypatch, capsys):
+    from opsctl import cli as cli_module
+
+    for argv, message in ((["-H"], "-H needs a value"), (["--host=", "status"], "--host needs a value"),
+                          (["-H", "bogus://x", "status"], "unknown target 'bogus://x'"),
+                          (["-i", "inventory.ini", "status"], "-i/--inventory needs -l/--limit HOST")):
+        monkeypatch.setattr("sys.argv", ["opsctl", *argv])
+        with pytest.raises(SystemExit) as exit_:
+            cli_module.main()
+        assert exit_.value.code == 2, argv
+        assert message in capsys.readouterr().err, argv
+    # a target option after the group (where main() does not look) is refused, not ignored
+    result = CliRunner().invoke(cli, ["--limit", "dflash-train", "status"])
+    assert result.exit_code == 2 and "before the command" in result.output
+
+
+def test_a_missing_transport_is_a_clear_error(monkeypatch, capsys):
+    from opsctl import cli as cli_module
+
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr("sys.argv", ["opsctl", "-H", "ssh://ops@gpu-7", "status"])
+    with pytest.raises(SystemExit) as exit_:
+        cli_module.main()
+    assert exit_.value.code == 1 and "ssh is not installed here" in capsys.readouterr().err
