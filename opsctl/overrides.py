@@ -43,17 +43,29 @@ def validate(values: TunedValues) -> None:
                                  "or -1 to disable chunked prefill", param_hint="--chunked-prefill-size")
 
 
-def values_in(env: dict[str, str]) -> TunedValues:
-    """The tuned values an environment file sets."""
+def values_in(env: dict[str, str], source: str = "the environment file") -> TunedValues:
+    """The tuned values an environment file sets; a value that is not a number is an error that
+    names the file, the line and the way out (every restart and the guard read these files)."""
+    def number(key: str, kind: type):
+        if key not in env:
+            return None
+        try:
+            return kind(env[key])
+        except ValueError:
+            raise click.ClickException(
+                f"{source}: {key}={env[key]!r} is not {'a number' if kind is float else 'a whole number'}; "
+                "correct that line (opsctl's override file can be rewritten with "
+                "`opsctl overrides clear --no-restart`)") from None
+
     return TunedValues(
-        mem_fraction_static=float(env[FRACTION]) if FRACTION in env else None,
-        chunked_prefill_size=int(env[CHUNK]) if CHUNK in env else None,
+        mem_fraction_static=number(FRACTION, float),
+        chunked_prefill_size=number(CHUNK, int),
         expandable_segments=expandable_segments_from_env(env.get(ALLOC_CONF)),
     )
 
 
-def read_overrides(path: Path) -> TunedValues:
-    return values_in(read_env(path))
+def values_in_file(path: Path) -> TunedValues:
+    return values_in(read_env(path), str(path))
 
 
 def render_overrides(values: TunedValues, env_file: Path, written_by: str, reason: str) -> str:

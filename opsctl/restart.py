@@ -20,10 +20,9 @@ import click
 
 from opsctl import journal, oom, planner
 from opsctl.config import NodeConfig
-from opsctl.envfiles import read_env
 from opsctl.locking import engine_lock
 from opsctl.model_shapes import preset
-from opsctl.overrides import TunedValues, render_overrides, validate, values_in, write_override_text
+from opsctl.overrides import TunedValues, render_overrides, validate, values_in_file, write_override_text
 from opsctl.state import actor, append_record, read_records
 from opsctl.systemd import unit_state
 
@@ -198,10 +197,10 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
             journal_lines: Callable[[], list[str]] = lambda: []) -> RestartOutcome:
     """Apply `requested` over the current overrides (or instead of them with `replace`) and restart."""
     validate(requested)
-    ansible = values_in(read_env(config.env_file))
+    ansible = values_in_file(config.env_file)
     with engine_lock(config.state_dir, f"{actor()}: restart", wait_lock_s):
         old_text = config.override_env_file.read_text() if config.override_env_file.exists() else ""
-        current = values_in(read_env(config.override_env_file))
+        current = values_in_file(config.override_env_file)
         overrides = requested if replace else requested.merged_over(current)
         before, after = current.merged_over(ansible), overrides.merged_over(ansible)
         if not force:

@@ -17,7 +17,7 @@ from opsctl.config import load_config
 from opsctl.envfiles import effective_config
 from opsctl.oom import read_journal
 from opsctl.output import console, err_console, print_json
-from opsctl.overrides import TunedValues, read_overrides
+from opsctl.overrides import TunedValues, values_in_file
 from opsctl.restart import RestartAbandoned, RestartOutcome, StartReport, restart, usual_start_seconds
 
 EXIT_ROLLED_BACK, EXIT_REFUSED, EXIT_DOWN = 1, 2, 3
@@ -151,7 +151,7 @@ def overrides(ctx: click.Context, json_: bool) -> None:
     config = load_config()
     effective = effective_config(config.env_file, config.override_env_file)
     if json_:
-        print_json({"file": str(config.override_env_file), "overrides": read_overrides(config.override_env_file),
+        print_json({"file": str(config.override_env_file), "overrides": values_in_file(config.override_env_file),
                     "effective": {s.name: s for s in effective.settings()}})
         return
     active = [s for s in effective.settings() if s.source == "override"]

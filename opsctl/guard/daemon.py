@@ -36,11 +36,10 @@ import httpx
 
 from opsctl import journal, oom, planner
 from opsctl.config import NodeConfig
-from opsctl.envfiles import read_env
 from opsctl.guard import policy
 from opsctl.guard.alert import raise_alert
 from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, values_dict, values_from
-from opsctl.overrides import TunedValues, values_in
+from opsctl.overrides import TunedValues, values_in_file
 from opsctl.restart import FATAL_MARKERS, node_plan_inputs, restart
 from opsctl.startup_log import EngineConfig
 from opsctl.systemd import UnitState, unit_state
@@ -255,8 +254,12 @@ class Guard:
         with self.store.update() as state:
             state["status"] = STOPPED
             state["stopped"] = {"reason": reason, "at": now, "alert_id": alert["id"]}
+        try:
+            config = values_dict(self.node.effective())
+        except click.ClickException as error:  # the reason it stops, perhaps
+            config = {"unreadable": error.message}
         self.store.audit("stopped", reason=reason, last_good=last_good, alert_id=alert["id"],
-                         delivery_errors=alert["delivery_errors"], config=values_dict(self.node.effective()))
+                         delivery_errors=alert["delivery_errors"], config=config)
 
     def observe_serving(self) -> None:
         """Remember the config in force as the last that served (the engine is healthy now)."""
@@ -288,7 +291,7 @@ class SystemNode:
         self.config = config
 
     def effective(self) -> TunedValues:
-        return values_in(read_env(self.config.override_env_file)).merged_over(values_in(read_env(self.config.env_file)))
+        return values_in_file(self.config.override_env_file).merged_over(values_in_file(self.config.env_file))
 
     def unit(self) -> UnitState:
         return unit_state(self.config.unit)
@@ -499,7 +502,10 @@ class Watcher:
                     standing_by = None
                     self._resync()
                     continue
-                self._tick(lines, unit, now)
+                try:
+                    self._tick(lines, unit, now)
+                except click.ClickException as error:  # e.g. a tuned value in an env file that is not a number
+                    self.guard.stop(f"the guard cannot judge the engine: {error.message}", None)
                 time.sleep(TICK_S)
         finally:
             self.prober.stopping.set()

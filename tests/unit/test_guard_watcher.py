@@ -6,6 +6,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import click
 import pytest
 
 from opsctl import oom
@@ -87,6 +88,8 @@ class RecordingGuard:
         self.store = store
         self.stop_after = stop_after
         self.deaths = []
+        self.stops = []
+        self.death_error = None  # raised by on_death, as the real guard raises on an unreadable env file
 
     def resume_pending(self):
         pass
@@ -97,7 +100,14 @@ class RecordingGuard:
     def observe_serving(self):
         pass
 
+    def stop(self, reason, death):
+        with self.store.update() as state:
+            state["status"] = STOPPED
+        self.stops.append(reason)  # after the state, which the test reads once it sees this
+
     def on_death(self, death, seen):
+        if self.death_error:
+            raise self.death_error
         self.deaths.append(death)
         if len(self.deaths) <= self.stop_after:
             with self.store.update() as state:
@@ -164,3 +174,16 @@ def test_deaths_are_not_decided_while_stopped(watcher):
     node.active = False
     time.sleep(daemon.CLASSIFY_GRACE_S + 5 * daemon.TICK_S)
     assert guard.deaths == []
+
+
+def test_a_death_the_guard_cannot_judge_stops_it_and_the_loop_lives_on(watcher):
+    """An override file with a value that is not a number: the guard cannot read the config in
+    force, so it stops (with the file's error as the reason) instead of crashing its loop."""
+    journal, node, guard, store = watcher
+    guard.death_error = click.ClickException("override.env: SGLANG_MEM_FRACTION_STATIC='0,94' is not a number")
+    journal.write(*SERVING_OOM)
+    node.active = False
+    assert wait_until(lambda: guard.stops), "the loop did not stop the guard"
+    assert "SGLANG_MEM_FRACTION_STATIC='0,94' is not a number" in guard.stops[0]
+    assert store.load()["status"] == STOPPED
+    wait_for_passes(node)  # still looping

@@ -99,6 +99,19 @@ def test_an_interrupted_restart_restores_the_override_file(node, monkeypatch):
     assert _history(node)[-1]["why"] == "interrupted"
 
 
+def test_a_value_that_is_not_a_number_is_named_with_its_file(node):
+    (node / "override.env").write_text("SGLANG_MEM_FRACTION_STATIC=0,94\n")
+    result = CliRunner().invoke(cli, ["overrides", "--json"])
+    assert result.exit_code == 1 and "SGLANG_MEM_FRACTION_STATIC='0,94' is not a number" in result.output
+    assert str(node / "override.env") in result.output
+    result = CliRunner().invoke(cli, ["restart", "--chunked-prefill-size", "2048"])
+    assert result.exit_code == 2 and "overrides clear --no-restart" in result.output
+    assert (node / "override.env").read_text() == "SGLANG_MEM_FRACTION_STATIC=0,94\n"
+    # the way out the message names works on that file
+    assert CliRunner().invoke(cli, ["overrides", "clear", "--no-restart"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["overrides", "--json"]).exit_code == 0
+
+
 def test_overrides_show_their_source_and_ansible_value(node):
     result = CliRunner().invoke(cli, ["overrides"])
     assert result.exit_code == 0
