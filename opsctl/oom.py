@@ -583,14 +583,21 @@ class JournalError(RuntimeError):
     """journalctl is missing or failed."""
 
 
-def read_journal(unit: str, since: str | None = None) -> Iterator[str]:
-    """Lines of `journalctl -u UNIT -o short-iso --no-pager [--since SINCE]`."""
+def read_journal(unit: str, since: str | None = None, last: int | None = None,
+                 timeout_s: float | None = None) -> Iterator[str]:
+    """Lines of `journalctl -u UNIT -o short-iso --no-pager [--since SINCE] [-n LAST]`."""
     if shutil.which("journalctl") is None:
         raise JournalError("journalctl not found; read a saved log with --file PATH (or - for stdin)")
     command = ["journalctl", "-u", unit, "-o", "short-iso", "--no-pager"]
     if since:
         command += ["--since", since]
-    result = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
+    if last:
+        command += ["-n", str(last)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False,
+                                timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise JournalError(f"journalctl did not answer within {timeout_s:.0f} s for unit {unit}") from None
     if result.returncode != 0:
         message = result.stderr.strip() or f"exit status {result.returncode}"
         raise JournalError(f"journalctl failed for unit {unit}: {message}")

@@ -45,10 +45,19 @@ class _Progress:
             self.status.stop()
 
 
+# The planner check calibrates from the engine's last start in the journal: the unit's latest
+# lines are enough (a day of SGLang's decode logs is well under this), and a slow journal must not
+# hold a restart up.
+PLANNER_JOURNAL_LINES = 200_000
+PLANNER_JOURNAL_TIMEOUT_S = 60
+
+
 def _journal_lines() -> list[str]:
     try:
-        return list(read_journal(load_config().unit))
-    except Exception:  # noqa: BLE001 - the planner check is skipped, not the restart
+        return list(read_journal(load_config().unit, last=PLANNER_JOURNAL_LINES,
+                                 timeout_s=PLANNER_JOURNAL_TIMEOUT_S))
+    except Exception as error:  # noqa: BLE001 - the planner check is skipped, not the restart
+        err_console.print(f"planner check skipped: {error}")
         return []
 
 

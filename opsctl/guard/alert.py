@@ -43,8 +43,11 @@ def to_journal(message: str, fields: dict[str, Any], socket_path: str = JOURNAL_
             sock.sendto(journal_fields(message, fields), socket_path)
         return None
     except OSError as error:
-        result = subprocess.run(["logger", "-t", SYSLOG_IDENTIFIER, "-p", "daemon.crit", message],
-                                capture_output=True, text=True, check=False)
+        try:
+            result = subprocess.run(["logger", "-t", SYSLOG_IDENTIFIER, "-p", "daemon.crit", message],
+                                    capture_output=True, text=True, check=False, timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as logger_error:  # no logger, or it hangs
+            return f"journal: {error}; logger: {type(logger_error).__name__}: {logger_error}"
         return None if result.returncode == 0 else f"journal: {error}; logger: {result.stderr.strip()}"
 
 

@@ -34,3 +34,10 @@ def test_failing_hooks_are_reported_not_raised(tmp_path):
     sent = alert.raise_alert(limits, "x", {}, socket_path=str(tmp_path / "none"))
     assert sent["delivery_errors"]["command"].startswith("command hook exited 3")
     assert sent["delivery_errors"]["webhook"].startswith("webhook http://127.0.0.1:9/hook")
+
+
+def test_no_journal_and_no_logger_is_a_delivery_error_not_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `logger` to fall back on
+    sent = alert.raise_alert(GuardConfig(), "x", {}, socket_path=str(tmp_path / "none"))
+    assert sent["delivery_errors"]["journal"].startswith("journal: ")
+    assert "logger: FileNotFoundError" in sent["delivery_errors"]["journal"]
