@@ -42,9 +42,22 @@ def gpu_summary() -> list[dict[str, Any]] | str:
     gpus = []
     for line in result.stdout.strip().splitlines():
         index, name, used, total, util = (part.strip() for part in line.split(","))
-        gpus.append({"index": int(index), "name": name, "memory_used_mib": float(used),
-                     "memory_total_mib": float(total), "utilization_pct": float(util)})
+        gpus.append({"index": int(index), "name": name, "memory_used_mib": _number(used),
+                     "memory_total_mib": _number(total), "utilization_pct": _number(util)})
     return gpus
+
+
+def _number(field: str) -> float | None:
+    """A number from nvidia-smi's CSV, or None for "[N/A]" / "[Not Supported]" (MIG, some boards)."""
+    try:
+        return float(field)
+    except ValueError:
+        return None
+
+
+def unknown_report(why: str) -> dict[str, Any]:
+    """What status says when it cannot look at all (an unreadable config): UNKNOWN, and why."""
+    return {"level": LEVEL_NAMES[UNKNOWN], "exit_code": UNKNOWN, "problems": [why]}
 
 
 def collect(timeout_s: float) -> dict[str, Any]:
@@ -139,10 +152,16 @@ def _fmt_uptime(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s"
 
 
+def _mib(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
 def render_human(report: dict[str, Any]) -> None:
     colour = {"OK": "green", "WARNING": "yellow", "CRITICAL": "red", "UNKNOWN": "magenta"}[report["level"]]
     console.print(f"[bold {colour}]{report['level']}[/bold {colour}]"
                   + (": " + "; ".join(report["problems"]) if report["problems"] else ""), soft_wrap=True)
+    if "unit" not in report:  # UNKNOWN before anything could be looked at
+        return
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
@@ -169,7 +188,7 @@ def render_human(report: dict[str, Any]) -> None:
     table.add_row("guard", guard["state"] + (f": {guard['problem']}" if guard["problem"] else ""))
     gpus = report["gpus"]
     table.add_row("gpus", gpus if isinstance(gpus, str) else
-                  ", ".join(f"{g['index']}: {g['memory_used_mib']:.0f}/{g['memory_total_mib']:.0f} MiB" for g in gpus))
+                  ", ".join(f"{g['index']}: {_mib(g['memory_used_mib'])}/{_mib(g['memory_total_mib'])} MiB" for g in gpus))
     last = report["last_incident"]
     table.add_row("last crash", "none in the recent journal" if last is None else
                   f"{last['time']}: {last['kind']} ({last['classification']})"
@@ -183,7 +202,10 @@ def render_human(report: dict[str, Any]) -> None:
               help="Seconds each HTTP probe may take; a hung engine is reported after this.")
 def status(json_: bool, timeout_s: float) -> None:
     """Show the engine's state, health, config and KV pool (Nagios exit codes: 0 OK .. 3 UNKNOWN)."""
-    report = collect(timeout_s)
+    try:
+        report = collect(timeout_s)
+    except (click.ClickException, OSError) as error:  # an unreadable config or env file: UNKNOWN, not 1
+        report = unknown_report(error.message if isinstance(error, click.ClickException) else str(error))
     if json_:
         print_json(report)
     else:
