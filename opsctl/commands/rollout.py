@@ -134,6 +134,9 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     err_console.print(f"rollout {name}: {values}"
                       f" on {limit} ({inventory}), {batch} node(s) at a time{' [check]' if check else ''}")
     run_dir.mkdir(parents=True, exist_ok=True)
+    # the plan an earlier run left: if the playbook stops before writing its own, that one must not
+    # be read as this run's
+    earlier_run = (ro.read_json(run_dir / "plan.json") or {}).get("run")
     log_path = run_dir / ("check.log" if check else "ansible.log")
     with log_path.open("w") as log:
         process = subprocess.Popen(argv, cwd=playbook_dir, env=ro.playbook_env(), stdout=subprocess.PIPE,
@@ -156,7 +159,7 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
         return
 
     summary = ro.summarize(run_dir)
-    if summary is None or (rc != 0 and not any(node.result for node in summary.nodes)):
+    if summary is None or summary.run == earlier_run or (rc != 0 and not any(node.result for node in summary.nodes)):
         tail = log_path.read_text().splitlines()[-5:]
         err_console.print(f"the playbook stopped before changing any node (ansible-playbook exit {rc}); "
                           f"see {log_path}", soft_wrap=True)
@@ -171,6 +174,10 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     hint = ro.inventory_hint(summary)
     if hint:
         err_console.print(hint, soft_wrap=True)
-    if summary.exit_code != ro.EXIT_DONE:
+    exit_code = summary.exit_code
+    if rc != 0 and exit_code == ro.EXIT_DONE:  # every node finished, yet the playbook failed after them
+        err_console.print(f"ansible-playbook exited {rc} after the nodes finished; see {log_path}", soft_wrap=True)
+        exit_code = ro.EXIT_STOPPED
+    if exit_code != ro.EXIT_DONE:
         err_console.print(f"fix the cause, then: opsctl rollout ... --name {name} --resume", soft_wrap=True)
-    sys.exit(summary.exit_code)
+    sys.exit(exit_code)

@@ -127,8 +127,9 @@ def fake_playbook(tmp_path, monkeypatch):
             calls.append(argv)
             extra = json.loads(argv[argv.index("-e") + 1])
             run_dir = Path(extra["rollout_state_dir"]) / extra["rollout_name"]
-            if self.results:
-                write_run(run_dir, list(self.results), {h: r for h, r in self.results.items() if r})
+            if self.results:  # each run writes its own plan, as validate.yml does (its run: a timestamp)
+                write_run(run_dir, list(self.results), {h: r for h, r in self.results.items() if r},
+                          run=f"r{len(calls)}")
             self.stdout = iter([json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Drain: wait."},
                                             "hosts": {"n1": {}}}) + "\n"])
 
@@ -159,6 +160,28 @@ def test_cli_playbook_refusal_before_any_node_exits_2(fake_playbook):
     result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
     assert result.exit_code == 2
     assert "stopped before changing any node" in result.stderr
+
+
+def test_cli_an_earlier_runs_records_are_not_this_runs(fake_playbook):
+    """The playbook stops before writing its plan (a bad -l, an inventory error): the plan and
+    results an earlier run left must not be reported as this run's, nor overwrite its summary."""
+    ansible, popen, _ = fake_playbook
+    inventory = str(ansible / "inventories" / "lab")
+    popen.results, popen.rc = {"n1": {"status": "done"}, "n2": {"status": "done"}}, 0
+    assert CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", inventory]).exit_code == 0
+    summary = ansible / "inventories" / ".rollout" / "lab" / "fraction-0.93.json"
+    before = summary.read_text()
+    popen.results, popen.rc = {}, 2
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", inventory])
+    assert result.exit_code == 2 and "stopped before changing any node" in result.stderr
+    assert summary.read_text() == before
+
+
+def test_cli_a_playbook_failing_after_every_node_finished_is_not_done(fake_playbook):
+    ansible, popen, _ = fake_playbook
+    popen.results, popen.rc = {"n1": {"status": "done"}}, 2
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
+    assert result.exit_code == 1 and "ansible-playbook exited 2 after the nodes finished" in result.stderr
 
 
 def test_cli_usage_errors(fake_playbook, tmp_path):
