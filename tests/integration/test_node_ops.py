@@ -106,7 +106,7 @@ def test_restart_the_gpu_cannot_start_with_rolls_back(lab_node):
         ("restart", "started"), ("restart", "failed"), ("rollback", "ok")]
 
 
-def test_a_second_restart_waits_for_the_lock(lab_node):
+def test_a_second_restart_is_refused_while_the_first_holds_the_lock(lab_node):
     # 4 s more per start (in the lab): the first restart holds the lock well past the time the
     # second one needs to start on a busy machine, not for the lab's 3 s of a start alone.
     lab_node.set_faults(slow_start_seconds=400)
