@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[bootstrap] $*" >&2; }
+# a command's output less pip's location warnings; with pipefail its own exit status still counts
+quiet() { "$@" 2>&1 | { grep -v '^WARNING: Location' >&2 || true; }; }
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need_pkgs=()
@@ -34,11 +36,11 @@ stamp=.venv/.installed-$(cat pyproject.toml kernels/pyproject.toml | sha256sum |
 if [ ! -e "$stamp" ]; then
     say "creating .venv with the project and its dev tools"
     [ -x .venv/bin/python ] || python3 -m venv .venv
-    .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' >&2 || true
-    .venv/bin/pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    quiet .venv/bin/pip install -q --upgrade pip
+    quiet .venv/bin/pip install -q -e '.[dev]'
     # The kernel package and its CPU tests (Triton's interpreter). torch 2.13.0 resolves to the CPU
     # build this machine kind keeps on disk; elsewhere add --index-url of PyTorch's CPU wheels.
-    .venv/bin/pip install -q torch==2.13.0 -e 'kernels[dev]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    quiet .venv/bin/pip install -q torch==2.13.0 -e 'kernels[dev]'
     .venv/bin/python -c 'import opsctl, ansible, molecule, testinfra, dflash_kernels' \
         || { say "venv install failed"; exit 1; }
     touch "$stamp"

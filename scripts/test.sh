@@ -12,7 +12,7 @@ scripts/sglang-real-env.sh .venv-sglang
 # The planner's formulas are checked against functions read from SGLang's own wheel.
 wheel_dir=.lab/cache/wheels
 ls "$wheel_dir"/sglang-0.5.23-*.whl >/dev/null 2>&1 \
-    || .venv/bin/pip download -q --no-deps -d "$wheel_dir" sglang==0.5.23 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    || .venv/bin/pip download -q --no-deps -d "$wheel_dir" sglang==0.5.23 2>&1 | { grep -v '^WARNING: Location' >&2 || true; }
 OPSCTL_SGLANG_WHEEL=$(ls "$wheel_dir"/sglang-0.5.23-*.whl)
 export OPSCTL_SGLANG_WHEEL
 echo "[test] setup took $(( $(date +%s) - t0 )) s" >&2
