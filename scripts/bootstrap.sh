@@ -32,12 +32,12 @@ if ! docker info >/dev/null 2>&1; then
     docker info >/dev/null 2>&1 || { say "the Docker engine did not start: see /var/log/dockerd.log"; exit 1; }
 fi
 
-stamp=.venv/.installed-$(cat pyproject.toml kernels/pyproject.toml | sha256sum | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml kernels/pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ ! -e "$stamp" ]; then
     say "creating .venv with the project and its dev tools"
     [ -x .venv/bin/python ] || python3 -m venv .venv
     quiet .venv/bin/pip install -q --upgrade pip
-    quiet .venv/bin/pip install -q -e '.[dev]'
+    quiet .venv/bin/pip install -q -c constraints.txt -e '.[dev]'
     # The kernel package and its CPU tests (Triton's interpreter). torch 2.13.0 resolves to the CPU
     # build this machine kind keeps on disk; elsewhere add --index-url of PyTorch's CPU wheels.
     quiet .venv/bin/pip install -q torch==2.13.0 -e 'kernels[dev]'
