@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 say() { echo "[bootstrap] $*" >&2; }
 # a command's output less pip's location warnings; with pipefail its own exit status still counts
 quiet() { "$@" 2>&1 | { grep -v '^WARNING: Location' >&2 || true; }; }
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+# Root, not sudo here and there: Docker's socket, debootstrap and the lab's containers all need it.
+[ "$(id -u)" = 0 ] || { say "run as root (sudo $0, or sudo lab/up.sh / sudo scripts/test.sh)"; exit 1; }
 
 need_pkgs=()
 # the engine, not only a client: a machine may carry a docker CLI without dockerd
@@ -17,16 +18,16 @@ command -v rsync >/dev/null || need_pkgs+=(rsync)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     say "apt-get install ${need_pkgs[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 
 if ! docker info >/dev/null 2>&1; then
     if [ -d /run/systemd/system ]; then
-        $SUDO systemctl start docker
+        systemctl start docker
     else
         say "starting dockerd (log: /var/log/dockerd.log)"
-        $SUDO sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
+        sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
     fi
     for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
     docker info >/dev/null 2>&1 || { say "the Docker engine did not start: see /var/log/dockerd.log"; exit 1; }
