@@ -185,7 +185,7 @@ def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseExcepti
     why = "interrupted" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
     append_record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
                                          "override_restored": True, **change})
-    if isinstance(error, Exception) and not isinstance(error, RestartAbandoned):
+    if isinstance(error, Exception):  # (a KeyboardInterrupt goes on as it is)
         raise RestartAbandoned(
             f"the restart could not be followed ({why}); the previous override file is restored. "
             f"Check `systemctl status {config.unit}` and run `opsctl status`; restart again once the "

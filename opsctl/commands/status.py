@@ -205,7 +205,7 @@ def status(json_: bool, timeout_s: float) -> None:
     try:
         report = collect(timeout_s)
     except (click.ClickException, OSError) as error:  # an unreadable config or env file: UNKNOWN, not 1
-        report = unknown_report(error.message if isinstance(error, click.ClickException) else str(error))
+        report = unknown_report(str(error))
     if json_:
         print_json(report)
     else:
