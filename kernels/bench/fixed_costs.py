@@ -28,9 +28,9 @@ from cases import SM_SCALE, make_case  # noqa: E402
 va = bv.va
 
 
-def call(c, cfg, ws, ns, t, out, phases=("split", "merge")):
+def call(c, cfg, ws, ns, t, out, phases=("split", "merge"), lse=None):
     va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"],
-                        c["qo_indptr"], c["tree_mask"], SM_SCALE, out=out, workspace=ws, max_q_len=t,
+                        c["qo_indptr"], c["tree_mask"], SM_SCALE, out=out, lse=lse, workspace=ws, max_q_len=t,
                         num_splits=ns, config=cfg, _phases=phases)
 
 

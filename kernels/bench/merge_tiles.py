@@ -20,7 +20,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402  (puts the package and the tests folder on sys.path)
-from cases import SM_SCALE, make_case, rel_err  # noqa: E402
+from cases import make_case, rel_err  # noqa: E402
+from fixed_costs import call  # noqa: E402
 
 va = bv.va
 MIX = [1024, 3000, 8192, 20000, 50000, 100000, 131072, 200000]
@@ -30,12 +31,6 @@ CANDIDATES = [(64, 128, 4), (128, 32, 4), (64, 128, 8), (32, 128, 4), (128, 128,
               (32, 64, 4), (256, 32, 8), (32, 32, 4), (64, 32, 4)]
 
 
-def merge_call(c, cfg, ws, ns, t, out, lse):
-    va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"], c["qo_indptr"],
-                        c["tree_mask"], SM_SCALE, out=out, lse=lse, workspace=ws, max_q_len=t, num_splits=ns,
-                        config=cfg, _phases=("merge",))
-
-
 def point(cfg, lens, t, h=8):
     c = make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024)
     _, ns, _ = va.plan(c["q"], len(lens), t, None, cfg)
@@ -43,9 +38,7 @@ def point(cfg, lens, t, h=8):
     n = c["q"].shape[0]
     ref = torch.empty(n, h, 512, dtype=torch.bfloat16, device="cuda")
     ref_lse = torch.empty(n, h, dtype=torch.float32, device="cuda")
-    va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"], c["qo_indptr"],
-                        c["tree_mask"], SM_SCALE, out=ref, lse=ref_lse, workspace=ws, max_q_len=t, num_splits=ns,
-                        config=cfg)
+    call(c, cfg, ws, ns, t, ref, lse=ref_lse)
     shipped = va.merge_tile(cfg, ns, len(lens)) + (va.MERGE_NUM_WARPS,)
     cands = [shipped] + [x for x in CANDIDATES if x != shipped]
     times = {}
@@ -54,10 +47,10 @@ def point(cfg, lens, t, h=8):
         cand_cfg = dataclasses.replace(cfg, merge_tile=(bd, chunk))
         out = torch.full_like(ref, float("nan"))
         lse = torch.full_like(ref_lse, float("nan"))
-        merge_call(c, cand_cfg, ws, ns, t, out, lse)
+        call(c, cand_cfg, ws, ns, t, out, ("merge",), lse)
         err = rel_err(out, ref)
         ok = not torch.isnan(out).any() and err < 1e-3 and torch.allclose(lse, ref_lse, atol=1e-4, rtol=0)
-        times[(bd, chunk, warps)] = bv.graph_ms(lambda f=cand_cfg, o=out, x=lse: merge_call(c, f, ws, ns, t, o, x)) * 1e3
+        times[(bd, chunk, warps)] = bv.graph_ms(lambda f=cand_cfg, o=out, x=lse: call(c, f, ws, ns, t, o, ("merge",), x)) * 1e3
         if not ok:
             print(f"   tile {bd}x{chunk} w{warps}: WRONG (rel err {err:.2e})")
     va.MERGE_NUM_WARPS = shipped[2]

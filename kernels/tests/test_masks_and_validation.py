@@ -8,6 +8,8 @@ import torch
 from cases import SM_SCALE, make_case, random_parents, sglang_custom_mask
 
 va = importlib.import_module("dflash_kernels.verify_attention")
+# sm_90's lock-step Gluon kernel (the sweeps' gluon-n64): it reads unscaled bf16 pools only
+LOCK_STEP = va.VerifyConfig(64, 64, 8, 1, 64, gluon=True)
 
 
 def test_pack_custom_mask_matches_per_request_blocks():
@@ -76,11 +78,10 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv.half(), idx, kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="k_extend: expected bfloat16"):
         va.verify_attention(q, ke.to(torch.float8_e4m3fn), kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE)
-    lock_step = va.VerifyConfig(64, 64, 8, 1, 64, gluon=True)  # the sweeps' gluon-n64: unscaled bf16 pools only
     with pytest.raises(ValueError, match="_verify_split_kernel_gluon reads an unscaled bfloat16 pool"):
-        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=lock_step)
+        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=LOCK_STEP)
     with pytest.raises(ValueError, match="_verify_split_kernel_gluon reads an unscaled bfloat16 pool"):
-        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=lock_step, k_scale=0.5)
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=LOCK_STEP, k_scale=0.5)
     with pytest.raises(TypeError, match="kv_indices"):
         va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="kv_indptr"):
@@ -143,8 +144,7 @@ def test_every_pool_runs_the_shipped_kernels():
         assert va.config_for_arch(9, 0, fp8) == va.config_for_arch(9, 0) == va.CONFIGS["sm90"]
         assert va.config_for_arch(8, 9, fp8) == va.config_for_arch(8, 9) == va.CONFIGS["sm80"]
     assert va.config_for_arch(12, 0) == va.config_for_arch(12, 0, torch.bfloat16) == va.CONFIGS["sm120"]
-    lock_step = va.VerifyConfig(64, 64, 8, 1, 64, gluon=True)
-    assert not va.takes_scales(va.split_kernel(lock_step, 8)[0])
+    assert not va.takes_scales(va.split_kernel(LOCK_STEP, 8)[0])
     assert va.is_plain_pool(torch.bfloat16) and not va.is_plain_pool(torch.float8_e4m3fn)
     assert not va.is_plain_pool(torch.bfloat16, k_scale=0.5) and not va.is_plain_pool(torch.bfloat16, v_scale=2.0)
 
