@@ -347,6 +347,7 @@ class VerifyConfig:
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
+    teams: bool = False  # with mma2: its two-team candidate (verify_teams.py; bf16 pools), 4 + 4 + 2 warps
     # merge kernel (output columns per program, partials loaded at once); None: chosen from the
     # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
@@ -439,6 +440,9 @@ def split_kernel(cfg: VerifyConfig, heads: int):
     const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     # (num_stages: only part of the cache key for the Gluon kernels, which pipeline by hand)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.mma2 and cfg.teams:
+        verify_teams = importlib.import_module(".verify_teams", __package__)
+        return verify_teams._verify_split_kernel_teams, const, opts
     if cfg.mma2:
         verify_mma2 = importlib.import_module(".verify_mma2", __package__)
         return verify_mma2._verify_split_kernel_mma2, const, opts
@@ -667,6 +671,8 @@ def verify_attention(
     if not reads_scales and not is_plain_pool(kv.dtype, k_scale, v_scale):
         raise ValueError(f"config: {split_fn.__name__} reads an unscaled bfloat16 pool; leave config=None "
                          "(or pass SM90_TRITON) for an fp8 or a scaled pool")
+    if cfg.teams and kv.dtype != torch.bfloat16:
+        raise ValueError(f"config: {split_fn.__name__} reads bfloat16 pools only; leave config=None for an fp8 pool")
     words = triton.cdiv(mq, 32)
     if tree_mask.dtype != torch.int32 or tree_mask.dim() != 2 or tree_mask.shape[0] != n_tok \
             or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:

@@ -199,6 +199,28 @@ def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
     _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
 
 
+def test_two_team_candidate_builds_for_sm120(tmp_path):
+    """sm_120's two-team candidate (verify_teams.py, session 12): 4 + 4 warps and a loader
+    warpgroup, registers reallocated (the teams 232, the loader 48), nothing spilled, within the
+    99 KB of a block; mma.sync only, the copies counted on mbarriers."""
+    from dflash_kernels import verify_teams as vt
+    _, _, sig, const, _ = _spec(120, "verify_split")
+    kernel, t_const, opts = va.split_kernel(va.VerifyConfig(32, 32, 4, 2, mma2=True, teams=True), 8)
+    assert kernel is vt._verify_split_kernel_teams
+    k = aot.compile_one(kernel, sig, {**const, **t_const}, 120, opts)
+    assert k.metadata.num_warps == 12  # (the loader's 2 warps padded to a warpgroup)
+    assert k.metadata.shared <= SM120_SMEM_LIMIT
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))
+    assert {str(vt.TEAMS_REGS.value), str(vt.LOADER_REGS.value)} <= regs, regs
+    cubin = tmp_path / "teams.cubin"
+    cubin.write_bytes(k.asm["cubin"])
+    usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"STACK:0 .*LOCAL:0", usage), usage
+    sass = _sass(cubin)
+    assert "HMMA.16816.F32.BF16" in sass and not re.search(r"\b(HGMMA|WGMMA|UTMALDG)\b", sass)
+    assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
+
+
 def test_archs_before_sm89_build_no_fp8_kernels():
     """Triton has no e4m3 before sm_89, and the launcher refuses fp8 pools there: an sm_80 build
     and its check leave them out instead of failing."""

@@ -82,6 +82,9 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=LOCK_STEP)
     with pytest.raises(ValueError, match="_verify_split_kernel_gluon reads an unscaled bfloat16 pool"):
         va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=LOCK_STEP, k_scale=0.5)
+    with pytest.raises(ValueError, match="_verify_split_kernel_teams reads bfloat16 pools only"):
+        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE,
+                            config=va.VerifyConfig(32, 32, 4, 2, mma2=True, teams=True))
     with pytest.raises(TypeError, match="kv_indices"):
         va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="kv_indptr"):

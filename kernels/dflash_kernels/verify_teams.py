@@ -1,0 +1,268 @@
+"""A candidate split kernel for mma.sync GPUs (sm_120): verify_mma2.py's kernel as two teams of
+4 warps that work out of phase, for bf16 pools (scaled or not).
+
+Session 11's profile of verify_mma2.py's kernel (RESULTS.md): one program an SM leaves two warps a
+scheduler, and its barriers hold all eight in the same phase of a tile, so the schedulers idle 75%
+of the time. Overlap needs another tile's work beside the current one; a third K buffer (108 KB)
+does not fit in sm_120's 99 KB a block. Here the 32 rows of a program are split instead:
+
+  * team r (a warp_specialize partition of 4 warps) owns query rows 16r .. 16r + 15: S^T, the
+    softmax and O^T of its rows (the same mma count a tile as the 8-warp kernel, Q^T in 36
+    registers a thread, O^T in 64), with its own partial sums, P^T and barriers (bar.sync of its
+    4 warps only);
+  * both teams read the same two K buffers, which a loader partition of 2 warps fills (Q into
+    buffer 1 first, then the tiles), counted on mbarriers as the rows land (cp.async's mbarrier
+    arrive); each team arrives on a buffer's kfree barrier once it is done with its tile. So the
+    teams are not held together by any barrier: while one waits on its barriers or its shared
+    loads, the other's mma and softmax can take the issue slots.
+
+Each tile's K and V are read from shared memory twice (once a team): 136 KB a tile instead of 68.
+Measured on the H200 running this mma.sync code (RESULTS.md, session 12): 2.6% faster than
+verify_mma2.py's kernel at 128k, t = 16, 7.6% at t = 64, but 6% slower at 32k and 22% at 1k, so it
+stays a candidate. A first version without the loader (team 1 issuing every copy, so that team 0
+ran ahead) was 24% slower at 128k: the copies lengthened team 1's chain, which set the pace.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
+
+from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
+from .verify_gluon import _online_softmax_step, _q_row_ptrs, _tile_slots
+from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _block_cols, _blocks
+
+TEAM_ROWS = gl.constexpr(16)
+# S^T's partial sums of a team [column group, latents, rows] over [4, 1, 1] warps: warp g sums
+# nope columns 128g .. 128g + 127 and rope columns 16g .. 16g + 15 for all 32 latents
+ST3_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8]))
+K3_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ST3_L, k_width=2))
+Q3_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=ST3_L, k_width=2))
+# the summed scores [rows, latents]: a warp owns 4 rows, each over 8 lanes
+S_L = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [4, 1], [1, 0]))
+# a 128-column block of a team's O^T [columns, rows] over [4, 1] warps: 32 columns a warp
+OT_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8]))
+VT_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=OT_L, k_width=2))
+PT_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=OT_L, k_width=2))
+KEY_S = gl.constexpr(gl.SliceLayout(0, S_L))
+ROW_S = gl.constexpr(gl.SliceLayout(1, S_L))
+ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
+# the loader's row copies [column group, row, column] over its 2 warps, 8 values a thread: each
+# 16 lanes copy 256 bytes of one row of a block ([4, 32, 128]), each 2 lanes 32 bytes of the rope
+# part ([4, 32, 16])
+LOADER_WARPS = gl.constexpr(2)
+NOPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, 2, 1], [2, 1, 0]))
+ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 2, 1], [2, 1, 0]))
+NOPE_ROW = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, NOPE_ROWS)))
+ROPE_ROW = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, ROPE_ROWS)))
+# a team's S^T partial sums: fp32 rows of 64 bytes, two a 128-byte line
+SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
+SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [2, 1, 0]))
+PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [1, 0]))  # P^T: rows of 32 bytes, four a line
+# the partial output's store: a warp writes 128 consecutive columns of one row
+ST_BL = gl.constexpr(gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1]))
+# registers a thread after setmaxnreg: 2 x 128 x 232 + 128 x 48 (the loader's warpgroup, padded
+# to 4 warps) = 65,536; the 12 warps start at 168
+TEAMS_REGS = gl.constexpr(232)
+LOADER_REGS = gl.constexpr(48)
+
+
+@gluon.jit
+def _copy_rows(kn_buf, kp_buf, starts_n, starts_r):
+    """cp.async of 32 rows of 576 values (their first values, in the nope and the rope copies'
+    layouts) into a K buffer's column blocks."""
+    cp.async_copy_global_to_shared(_blocks(kn_buf, KN3_SH), starts_n[None, :, None] + _block_cols(128, NOPE_ROWS))
+    cp.async_copy_global_to_shared(_blocks(kp_buf, KP3_SH),
+                                   starts_r[None, :, None] + 512 + _block_cols(16, ROPE_ROWS))
+
+
+@gluon.jit
+def _copy_q(kn_buf, kp_buf, bar, Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr):
+    """The program's 32 query rows into a K buffer (rows past n_rows read row n_rows - 1: never
+    stored), counted on bar as they land."""
+    q_n = gl.minimum(pid_m * 32 + gl.arange(0, 32, layout=NOPE_ROW), n_rows - 1)
+    q_r = gl.minimum(pid_m * 32 + gl.arange(0, 32, layout=ROPE_ROW), n_rows - 1)
+    _copy_rows(kn_buf, kp_buf, _q_row_ptrs(Q, qo_start, q_n, stride_qt, stride_qh, NUM_HEADS),
+               _q_row_ptrs(Q, qo_start, q_r, stride_qt, stride_qh, NUM_HEADS))
+    cp.mbarrier_arrive(bar, increment_count=False)
+
+
+@gluon.jit
+def _copy_tile(kn_buf, kp_buf, bar, idx_ptr, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N: gl.constexpr):
+    """Latent rows n0 .. n0 + BLOCK_N into a K buffer, counted on bar as they land (rows past hi
+    read row hi - 1 again: their scores are masked to -inf)."""
+    r_n = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=NOPE_ROW), hi - 1)
+    r_r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROPE_ROW), hi - 1)
+    s_n = gl.where(is_draft, qo_start + r_n, _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, NOPE_ROW))
+    s_r = gl.where(is_draft, qo_start + r_r, _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, ROPE_ROW))
+    _copy_rows(kn_buf, kp_buf, k_base + s_n.to(gl.int64) * k_stride, k_base + s_r.to(gl.int64) * k_stride)
+    cp.mbarrier_arrive(bar, increment_count=False)
+
+
+@gluon.jit
+def _loader(kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, stride_qh, idx_ptr, k_base, k_stride,
+            qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Q into K buffer 1, tile 0 into buffer 0, then tile j into buffer j % 2 once both teams are
+    done with tile j - 2 (with Q for j = 1)."""
+    _copy_q(kn_smem.index(1), kp_smem.index(1), q_ready, Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS)
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    if n_tiles > 0:
+        _copy_tile(kn_smem.index(0), kp_smem.index(0), ready.index(0), idx_ptr, k_base, k_stride, qo_start, lo, hi,
+                   is_draft, BLOCK_N)
+    for j in range(1, n_tiles):
+        buf = j % 2
+        mbarrier.wait(q_done, 0, pred=j == 1)
+        mbarrier.wait(kfree.index(buf), ((j - 2) // 2) & 1, pred=j > 1)
+        _copy_tile(kn_smem.index(buf), kp_smem.index(buf), ready.index(buf), idx_ptr, k_base, k_stride, qo_start,
+                   lo + j * BLOCK_N, hi, is_draft, BLOCK_N)
+
+
+@gluon.jit
+def _s_of(sp_smem, g, BLOCK_N: gl.constexpr):
+    """Column group g's partial sum of a team's S^T, read as S (rows x latents)."""
+    return sp_smem.slice(g * BLOCK_N, BLOCK_N).permute((1, 0)).load(S_L)
+
+
+@gluon.jit
+def _store_block(stage, o, ptrs, ok):
+    """A [128, 16] block of O^T to ptrs, through the team's buffer stage (free on entry)."""
+    stage.store(o)
+    gl.thread_barrier()
+    gl.store(ptrs, stage.load(ST_BL), mask=ok)
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done,
+          idx_ptr, qo_start, pid_m, n_rows, lo, hi, is_draft,
+          TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
+          NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Team TEAM's 16 rows over latents lo .. hi, and their partial result."""
+    sp_smem = sp_all.index(TEAM)
+    pt_smem = pt_all.index(TEAM)
+    a_smem = a_all.index(TEAM)
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    mbarrier.wait(q_ready, 0)
+    q_view = _blocks(kn_smem.index(1), KN3_SH).slice(TEAM * TEAM_ROWS, TEAM_ROWS, dim=1)
+    qp_view = _blocks(kp_smem.index(1), KP3_SH).slice(TEAM * TEAM_ROWS, TEAM_ROWS, dim=1)
+    qt_n = q_view.permute((0, 2, 1)).load(Q3_B)
+    qt_r = qp_view.permute((0, 2, 1)).load(Q3_B)
+    gl.thread_barrier()  # (this team's warps)
+    mbarrier.arrive(q_done)  # K buffer 1 may take tile 1
+
+    rows_s = pid_m * 32 + TEAM * TEAM_ROWS + gl.arange(0, TEAM_ROWS, layout=ROW_S)
+    row_ok = rows_s < n_rows
+    mask_row = TREE_MASK + (qo_start + rows_s // NUM_HEADS).to(gl.int64) * stride_mask
+    m_i = gl.full([TEAM_ROWS], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.full([TEAM_ROWS], 0.0, gl.float32, layout=ROW_S)
+    zero_o = gl.zeros([128, TEAM_ROWS], gl.float32, layout=OT_L)
+    acc0 = zero_o
+    acc1 = zero_o
+    acc2 = zero_o
+    acc3 = zero_o
+    for j in range(n_tiles):
+        buf = j % 2
+        n0 = lo + j * BLOCK_N
+        kn = kn_smem.index(buf)
+        kp = kp_smem.index(buf)
+        mbarrier.wait(ready.index(buf), (j // 2) & 1)
+        s3 = mma_v2(_blocks(kn, KN3_SH).load(K3_A), qt_n, gl.zeros([4, BLOCK_N, TEAM_ROWS], gl.float32, layout=ST3_L))
+        s3 = mma_v2(_blocks(kp, KP3_SH).load(K3_A), qt_r, s3)
+        _blocks(sp_smem, SP3_SH).store(s3)
+        gl.thread_barrier()  # this team's partial sums are in
+        s = (_s_of(sp_smem, 0, BLOCK_N) + _s_of(sp_smem, 1, BLOCK_N)) + \
+            (_s_of(sp_smem, 2, BLOCK_N) + _s_of(sp_smem, 3, BLOCK_N))
+        p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i,
+                                                  BLOCK_N, KEY_S)
+        pt_smem.permute((1, 0)).store(p.to(gl.bfloat16))
+        a_smem.store(alpha)
+        gl.thread_barrier()
+        pt = pt_smem.load(PT_B)
+        a = a_smem.load(ROW_O)[None, :]
+        acc0 = mma_v2(kn.slice(0, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc0 * a)
+        acc1 = mma_v2(kn.slice(BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc1 * a)
+        acc2 = mma_v2(kn.slice(2 * BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc2 * a)
+        acc3 = mma_v2(kn.slice(3 * BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc3 * a)
+        gl.thread_barrier()  # this team's reads of tile j are done
+        mbarrier.arrive(kfree.index(buf))
+
+    # -- partial result of this team's rows: normalised output and log2-sum-exp2 --
+    has = l_i > 0.0
+    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    scale = gl.convert_layout(o_scale / gl.where(has, l_i, 1.0), ROW_O)[None, :]
+    rows_o = pid_m * 32 + TEAM * TEAM_ROWS + gl.arange(0, TEAM_ROWS, layout=gl.SliceLayout(0, ST_BL))
+    part = part_row0 + rows_o
+    ok = (rows_o < n_rows)[None, :]
+    cols = gl.arange(0, 128, layout=gl.SliceLayout(1, ST_BL))[:, None]
+    # each block through the team's partial-sum buffer (the same [128, 16] floats), as a warp
+    # writes 128 consecutive columns of a row: a layout conversion would take 8 KB more a team
+    _store_block(sp_smem, acc0 * scale, PART_O + part[None, :] * 512 + cols, ok)
+    _store_block(sp_smem, acc1 * scale, PART_O + part[None, :] * 512 + 128 + cols, ok)
+    _store_block(sp_smem, acc2 * scale, PART_O + part[None, :] * 512 + 256 + cols, ok)
+    _store_block(sp_smem, acc3 * scale, PART_O + part[None, :] * 512 + 384 + cols, ok)
+    gl.store(PART_LSE + part_row0 + rows_s, lse2, mask=row_ok)
+
+
+@gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
+def _verify_split_kernel_teams(
+    Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
+    PART_O, PART_LSE,
+    qk_scale,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    rows_max, NUM_SPLITS, BATCH,
+    k_scale, v_scale,
+    NUM_HEADS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):
+    gl.static_assert(BLOCK_M == 32)
+    gl.static_assert(BLOCK_N == 32)
+    gl.static_assert(gl.num_warps() == 4)  # team 0; team 1 and the loader are the worker partitions
+    gl.static_assert(KV.dtype.element_ty == gl.bfloat16)  # bf16 pools (the launcher refuses others)
+
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    if b >= BATCH:
+        return
+    qo_start = gl.load(QO_INDPTR + b)
+    t_b = gl.load(QO_INDPTR + b + 1) - qo_start
+    n_rows = t_b * NUM_HEADS
+    if pid_m * BLOCK_M >= n_rows:
+        return
+    idx_ptr = KV_INDICES + gl.load(KV_INDPTR + b)
+    lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
+    # the pool's scales: scores of pool keys count k_scale times, their values v_scale times
+    score_scale = gl.where(is_draft, qk_scale, qk_scale * k_scale)
+    o_scale = gl.where(is_draft, 1.0, v_scale)
+
+    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 4 * BLOCK_N, 128], KN_SH)
+    kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 4 * BLOCK_N, 16], KP_SH)
+    # each team's S^T partial sums, P^T and row scales
+    sp_all = gl.allocate_shared_memory(gl.float32, [2, 4 * BLOCK_N, TEAM_ROWS], SP_SH)
+    pt_all = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, TEAM_ROWS], PT_SH)
+    a_all = gl.allocate_shared_memory(gl.float32, [2, TEAM_ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # one cp.async arrive per loader thread
+        mbarrier.init(kfree.index(i), count=2)  # both teams
+    mbarrier.init(q_ready, count=32 * LOADER_WARPS)
+    mbarrier.init(q_done, count=2)
+    gl.thread_barrier()
+
+    part_row0 = pid_s.to(gl.int64) * rows_max
+    # (the partitions' arguments written out: a tuple held in a variable turns constexprs into tensors)
+    gl.warp_specialize([
+        (_team, (0, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
+                 n_rows, lo, hi, is_draft, TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
+                 NUM_HEADS, BLOCK_N)),
+        (_team, (1, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
+                 n_rows, lo, hi, is_draft, TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
+                 NUM_HEADS, BLOCK_N)),
+        (_loader, (kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, stride_qh, idx_ptr, k_base,
+                   k_stride, qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS, BLOCK_N)),
+    ], [4, LOADER_WARPS], [TEAMS_REGS, LOADER_REGS])
