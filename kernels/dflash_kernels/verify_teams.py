@@ -62,10 +62,10 @@ SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [2, 1, 0]))
 PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [1, 0]))  # P^T: rows of 32 bytes, four a line
 # the partial output's store: a warp writes 128 consecutive columns of one row
 ST_BL = gl.constexpr(gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1]))
-# registers a thread after setmaxnreg: 2 x 128 x 232 + 128 x 48 (the loader's warpgroup, padded
-# to 4 warps) = 65,536; the 12 warps start at 168
+# registers a thread after setmaxnreg (the 12 warps start at 168): team 1 232, the loader's
+# warpgroup (its 2 warps padded to 4) 56, team 0 (the default partition) what is left, 216
 TEAMS_REGS = gl.constexpr(232)
-LOADER_REGS = gl.constexpr(48)
+LOADER_REGS = gl.constexpr(56)
 
 
 @gluon.jit
@@ -89,13 +89,22 @@ def _copy_q(kn_buf, kp_buf, bar, Q, qo_start, pid_m, n_rows, stride_qt, stride_q
 
 
 @gluon.jit
-def _copy_tile(kn_buf, kp_buf, bar, idx_ptr, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N: gl.constexpr):
-    """Latent rows n0 .. n0 + BLOCK_N into a K buffer, counted on bar as they land (rows past hi
-    read row hi - 1 again: their scores are masked to -inf)."""
+def _slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr):
+    """_tile_slots of a tile in the nope and in the rope copies' layouts."""
+    return (_tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, NOPE_ROW),
+            _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, ROPE_ROW))
+
+
+@gluon.jit
+def _copy_tile(kn_buf, kp_buf, bar, slots, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N: gl.constexpr):
+    """Latent rows n0 .. n0 + BLOCK_N (pool slots `slots`, or the draft block's rows) into a K
+    buffer, counted on bar as they land (rows past hi read row hi - 1 again: their scores are
+    masked to -inf)."""
+    slots_n, slots_r = slots
     r_n = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=NOPE_ROW), hi - 1)
     r_r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROPE_ROW), hi - 1)
-    s_n = gl.where(is_draft, qo_start + r_n, _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, NOPE_ROW))
-    s_r = gl.where(is_draft, qo_start + r_r, _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, ROPE_ROW))
+    s_n = gl.where(is_draft, qo_start + r_n, slots_n)
+    s_r = gl.where(is_draft, qo_start + r_r, slots_r)
     _copy_rows(kn_buf, kp_buf, k_base + s_n.to(gl.int64) * k_stride, k_base + s_r.to(gl.int64) * k_stride)
     cp.mbarrier_arrive(bar, increment_count=False)
 
@@ -104,18 +113,20 @@ def _copy_tile(kn_buf, kp_buf, bar, idx_ptr, k_base, k_stride, qo_start, n0, hi,
 def _loader(kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, stride_qh, idx_ptr, k_base, k_stride,
             qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr):
     """Q into K buffer 1, tile 0 into buffer 0, then tile j into buffer j % 2 once both teams are
-    done with tile j - 2 (with Q for j = 1)."""
+    done with tile j - 2 (with Q for j = 1). A tile's slot indices are loaded one tile ahead, so
+    their latency is not on the way from a free buffer to its copies."""
+    slots_nx = _slots(idx_ptr, lo, hi, is_draft, BLOCK_N)
     _copy_q(kn_smem.index(1), kp_smem.index(1), q_ready, Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-    if n_tiles > 0:
-        _copy_tile(kn_smem.index(0), kp_smem.index(0), ready.index(0), idx_ptr, k_base, k_stride, qo_start, lo, hi,
-                   is_draft, BLOCK_N)
-    for j in range(1, n_tiles):
+    for j in range(n_tiles):
         buf = j % 2
+        n0 = lo + j * BLOCK_N
+        slots = slots_nx
+        slots_nx = _slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N)
         mbarrier.wait(q_done, 0, pred=j == 1)
         mbarrier.wait(kfree.index(buf), ((j - 2) // 2) & 1, pred=j > 1)
-        _copy_tile(kn_smem.index(buf), kp_smem.index(buf), ready.index(buf), idx_ptr, k_base, k_stride, qo_start,
-                   lo + j * BLOCK_N, hi, is_draft, BLOCK_N)
+        _copy_tile(kn_smem.index(buf), kp_smem.index(buf), ready.index(buf), slots, k_base, k_stride, qo_start, n0,
+                   hi, is_draft, BLOCK_N)
 
 
 @gluon.jit
