@@ -67,8 +67,8 @@ VARIANTS = {
     # the Gluon kernel over S^T for mma.sync GPUs (verify_mma2.py): Q in registers, 8 warps
     "sm120-mma2": V(32, 32, 8, 2, mma2=True),
     # session 12: the same as two teams of 4 warps and a loader, out of phase (verify_teams.py;
-    # bf16 pools)
-    "sm120-teams": V(32, 32, 4, 2, mma2=True, teams=True),
+    # CONFIGS["sm120"], which runs sm120-mma2 for fp8 pools)
+    "sm120-teams": V(32, 32, 8, 2, mma2=True, teams=True),
     # tiles small enough for two programs an SM on sm_120 too (under 50 KB and 32 K registers)
     "sm120-m16n16w4-w2": V(16, 16, 4, 2, waves=2.0),
     "sm120-m16n16w4s3-w2": V(16, 16, 4, 3, waves=2.0),

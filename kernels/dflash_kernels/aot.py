@@ -92,7 +92,7 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
 def _split_spec(arch: int, heads: int, kv_type: str):
     """(fn, signature, constexprs, options) of the split kernel the launcher runs for a pool of
     kv_type."""
-    fn, const, opts = va.split_kernel(_config(arch), heads)
+    fn, const, opts = va.split_kernel(_config(arch), heads, fp8_pool=kv_type != "*bf16")
     return fn, split_signature(fn, kv_type), const, opts
 
 

@@ -68,7 +68,8 @@ class CompileOnlyDriver:
 
 def _jit_kernels(arch: int) -> list:
     """The JIT functions the launcher calls for `arch`, for every pool it takes."""
-    splits = {va.split_kernel(va.config_for_arch(arch // 10, arch % 10, kv), heads=8)[0] for kv in _pool_dtypes(arch)}
+    splits = {va.split_kernel(va.config_for_arch(arch // 10, arch % 10, kv), heads=8, fp8_pool=kv != torch.bfloat16)[0]
+              for kv in _pool_dtypes(arch)}
     return [va._verify_plan_kernel, *splits, va._verify_merge_kernel]
 
 

@@ -347,7 +347,9 @@ class VerifyConfig:
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
-    teams: bool = False  # with mma2: its two-team candidate (verify_teams.py; bf16 pools), 4 + 4 + 2 warps
+    # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
+    # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
+    teams: bool = False
     # merge kernel (output columns per program, partials loaded at once); None: chosen from the
     # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
@@ -371,11 +373,13 @@ CONFIGS = {
     # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Gluon kernel over
     # S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers, S^T's columns
     # split over the warps: 92 KB, 240 registers (232 for fp8 pools, which it widens in shared
-    # memory), no spill in the sm_120a build. Not run on an sm_120 card; measured on the H200
-    # running mma.sync code (RESULTS.md sessions 9 and 10): at 128k, t = 16, 2.0x faster than the
-    # best Triton-language tile for bf16 pools (SM120_TRITON), 4.2x faster than the
-    # Triton-language kernel for fp8 pools (SM120_TRITON_FP8).
-    "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, mma2=True),
+    # memory), no spill in the sm_120a build. bf16 pools run it as two teams of 4 warps out of
+    # phase with a loader partition (verify_teams.py; 92.6 KB, no spill). Not run on an sm_120
+    # card; measured on the H200 running mma.sync code (RESULTS.md sessions 9, 10 and 12): at 128k,
+    # t = 16, 2.2x faster than the best Triton-language tile for bf16 pools (SM120_TRITON; the
+    # teams 8% faster than the 8-warp kernel there, 10-11% on mixed batches, 4 us slower at 1k),
+    # 4.2x faster than the Triton-language kernel for fp8 pools (SM120_TRITON_FP8).
+    "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, mma2=True, teams=True),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
 MERGE_NUM_WARPS = 4
@@ -425,6 +429,7 @@ def gluon_available() -> bool:
         try:
             importlib.import_module(".verify_gluon", __package__)
             importlib.import_module(".verify_mma2", __package__)
+            importlib.import_module(".verify_teams", __package__)
             _GLUON_OK = True
         except Exception as exc:  # ImportError, or an API that changed between Triton releases
             logging.getLogger(__name__).warning(
@@ -434,15 +439,16 @@ def gluon_available() -> bool:
     return _GLUON_OK
 
 
-def split_kernel(cfg: VerifyConfig, heads: int):
-    """(kernel, constexprs, launch options) of the split kernel a config runs; one choice for the
-    launcher and the ahead-of-time build, so both compile the same binary."""
+def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
+    """(kernel, constexprs, launch options) of the split kernel a config runs for a bf16 or an
+    fp8 pool; one choice for the launcher and the ahead-of-time build, so both compile the same
+    binary."""
     const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     # (num_stages: only part of the cache key for the Gluon kernels, which pipeline by hand)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.mma2 and cfg.teams:
+    if cfg.mma2 and cfg.teams and not fp8_pool:
         verify_teams = importlib.import_module(".verify_teams", __package__)
-        return verify_teams._verify_split_kernel_teams, const, opts
+        return verify_teams._verify_split_kernel_teams, const, {**opts, "num_warps": verify_teams.TEAM_WARPS}
     if cfg.mma2:
         verify_mma2 = importlib.import_module(".verify_mma2", __package__)
         return verify_mma2._verify_split_kernel_mma2, const, opts
@@ -666,13 +672,11 @@ def verify_attention(
     if batch < 1 or kv_indptr.shape[0] != batch + 1:
         raise ValueError(f"qo_indptr ({qo_indptr.shape[0]}) and kv_indptr ({kv_indptr.shape[0]}) must both be batch + 1 >= 2 long")
     cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config, kv_dtype=kv.dtype)
-    split_fn, split_const, split_opts = split_kernel(cfg, h)
+    split_fn, split_const, split_opts = split_kernel(cfg, h, fp8_pool=kv.dtype != torch.bfloat16)
     reads_scales = takes_scales(split_fn)
     if not reads_scales and not is_plain_pool(kv.dtype, k_scale, v_scale):
         raise ValueError(f"config: {split_fn.__name__} reads an unscaled bfloat16 pool; leave config=None "
                          "(or pass SM90_TRITON) for an fp8 or a scaled pool")
-    if cfg.teams and kv.dtype != torch.bfloat16:
-        raise ValueError(f"config: {split_fn.__name__} reads bfloat16 pools only; leave config=None for an fp8 pool")
     words = triton.cdiv(mq, 32)
     if tree_mask.dtype != torch.int32 or tree_mask.dim() != 2 or tree_mask.shape[0] != n_tok \
             or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:

@@ -1,5 +1,5 @@
-"""A candidate split kernel for mma.sync GPUs (sm_120): verify_mma2.py's kernel as two teams of
-4 warps that work out of phase, for bf16 pools (scaled or not).
+"""The split kernel sm_120 runs for bf16 pools (scaled or not): verify_mma2.py's kernel as two
+teams of 4 warps that work out of phase (fp8 pools run verify_mma2.py's kernel itself).
 
 Session 11's profile of verify_mma2.py's kernel (RESULTS.md): one program an SM leaves two warps a
 scheduler, and its barriers hold all eight in the same phase of a tile, so the schedulers idle 75%
@@ -17,10 +17,12 @@ does not fit in sm_120's 99 KB a block. Here the 32 rows of a program are split 
     loads, the other's mma and softmax can take the issue slots.
 
 Each tile's K and V are read from shared memory twice (once a team): 136 KB a tile instead of 68.
-Measured on the H200 running this mma.sync code (RESULTS.md, session 12): 2.6% faster than
-verify_mma2.py's kernel at 128k, t = 16, 7.6% at t = 64, but 6% slower at 32k and 22% at 1k, so it
-stays a candidate. A first version without the loader (team 1 issuing every copy, so that team 0
-ran ahead) was 24% slower at 128k: the copies lengthened team 1's chain, which set the pace.
+Measured on the H200 running this mma.sync code (RESULTS.md, session 12): 7.7% faster than
+verify_mma2.py's kernel at 128k, t = 16, 8.8% at 200k, 10% at t = 64 and 10-11% on mixed batches,
+even at 32k, but 4 us (15%) slower at 1k. A first version without the loader (team 1 issuing
+every copy, so that team 0 ran ahead) was 24% slower at 128k: the copies lengthened team 1's
+chain, which set the pace; loading a tile's slot indices one tile ahead in the loader gave the
+last 5-6%.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from .verify_gluon import _online_softmax_step, _q_row_ptrs, _tile_slots
 from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _block_cols, _blocks
 
 TEAM_ROWS = gl.constexpr(16)
+TEAM_WARPS = 4  # the launch's num_warps: team 0, the default partition (team 1 and the loader come on top)
 # S^T's partial sums of a team [column group, latents, rows] over [4, 1, 1] warps: warp g sums
 # nope columns 128g .. 128g + 127 and rope columns 16g .. 16g + 15 for all 32 latents
 ST3_L = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8]))
@@ -230,7 +233,7 @@ def _verify_split_kernel_teams(
     gl.static_assert(BLOCK_M == 32)
     gl.static_assert(BLOCK_N == 32)
     gl.static_assert(gl.num_warps() == 4)  # team 0; team 1 and the loader are the worker partitions
-    gl.static_assert(KV.dtype.element_ty == gl.bfloat16)  # bf16 pools (the launcher refuses others)
+    gl.static_assert(KV.dtype.element_ty == gl.bfloat16)  # bf16 pools (fp8 ones run verify_mma2.py's kernel)
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)

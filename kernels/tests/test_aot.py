@@ -21,7 +21,8 @@ SMEM_LIMITS = {120: SM120_SMEM_LIMIT, 90: SM90_SMEM_LIMIT}
 MERGE_NAMES = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in MERGE_TILES}
 # the split kernel for each pool dtype: bf16, fp8 e4m3, fp8 e5m2
 SPLIT_NAMES = {"verify_split" + suffix for suffix in aot.KV_POOL_TYPES}
-HOPPER_ONLY = re.compile(r"\b(HGMMA|WGMMA|UTMALDG|UTMASTG|UTMAPF|UBLKCP|SYNCS)\b")
+# (mbarrier instructions, SYNCS.*, are sm_90's and sm_120's: the two-team kernel waits on them)
+HOPPER_ONLY = re.compile(r"\b(HGMMA|WGMMA|UTMALDG|UTMASTG|UTMAPF|UBLKCP)\b")
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +75,17 @@ def test_sm120_cubin_is_sm120_mma_sync_only(built):
         assert not bad, f"{c}: Hopper-only instructions {bad}"
     for name in SPLIT_NAMES:  # mma.sync tensor-core path; an fp8 pool is widened to bf16 first
         assert "HMMA.16816.F32.BF16" in _sass(os.path.join(out, "sm_120", name + "_h8.cubin")), name
-    # every pool runs the Gluon kernel over S^T: a warp's 36 mma.sync of S^T (16 latents x 32 rows
-    # over 144 of the 576 columns) and 32 of O^T (4 blocks of 16 columns x 32 rows over 32
-    # latents), none repeated; an fp8 pool's kernel holds them twice (its draft blocks' loop and
-    # its pool's), and widens its tiles
+    # every pool runs a Gluon kernel over S^T with a warp's 36 mma.sync of S^T and 32 of O^T a
+    # tile, none repeated, each twice in the SASS: a bf16 pool's two-team kernel holds each
+    # team's code, an fp8 pool's 8-warp kernel its draft blocks' loop and its pool's (and it
+    # widens its tiles)
     symbols = {k["name"]: k["symbol"] for k in manifest["kernels"] if k["arch"] == 120}
     for name in SPLIT_NAMES:
         sass = _sass(os.path.join(out, "sm_120", name + "_h8.cubin"))
-        assert symbols[name] == "_verify_split_kernel_mma2"
-        assert sass.count("HMMA.16816.F32.BF16") == (36 + 32) * (1 if name == "verify_split" else 2), name
-        assert ("F2FP.F16.E" in sass) == (name != "verify_split"), name
+        bf16 = name == "verify_split"
+        assert symbols[name] == ("_verify_split_kernel_teams" if bf16 else "_verify_split_kernel_mma2"), name
+        assert sass.count("HMMA.16816.F32.BF16") == (36 + 32) * 2, name
+        assert ("F2FP.F16.E" in sass) != bf16, name
     for k in manifest["kernels"]:  # every kernel fits a block of its arch (fp8 splits take more)
         assert k["shared_bytes"] <= SMEM_LIMITS[k["arch"]], k
 
@@ -199,15 +201,14 @@ def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
     _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
 
 
-def test_two_team_candidate_builds_for_sm120(tmp_path):
-    """sm_120's two-team candidate (verify_teams.py, session 12): 4 + 4 warps and a loader
-    warpgroup, registers reallocated (the teams 232, the loader 48), nothing spilled, within the
-    99 KB of a block; mma.sync only, the copies counted on mbarriers."""
+def test_two_team_kernel_builds_for_sm120(tmp_path):
+    """sm_120's kernel for bf16 pools (verify_teams.py, session 12): 4 + 4 warps and a loader
+    warpgroup, registers reallocated (team 1 232, the loader 56, team 0 the rest), nothing
+    spilled, within the 99 KB of a block; mma.sync only, the copies counted on mbarriers."""
     from dflash_kernels import verify_teams as vt
-    _, _, sig, const, _ = _spec(120, "verify_split")
-    kernel, t_const, opts = va.split_kernel(va.VerifyConfig(32, 32, 4, 2, mma2=True, teams=True), 8)
-    assert kernel is vt._verify_split_kernel_teams
-    k = aot.compile_one(kernel, sig, {**const, **t_const}, 120, opts)
+    _, kernel, sig, const, opts = _spec(120, "verify_split")
+    assert kernel is vt._verify_split_kernel_teams and opts["num_warps"] == vt.TEAM_WARPS
+    k = aot.compile_one(kernel, sig, const, 120, opts)
     assert k.metadata.num_warps == 12  # (the loader's 2 warps padded to a warpgroup)
     assert k.metadata.shared <= SM120_SMEM_LIMIT
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))
@@ -217,7 +218,7 @@ def test_two_team_candidate_builds_for_sm120(tmp_path):
     usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
     assert re.search(r"STACK:0 .*LOCAL:0", usage), usage
     sass = _sass(cubin)
-    assert "HMMA.16816.F32.BF16" in sass and not re.search(r"\b(HGMMA|WGMMA|UTMALDG)\b", sass)
+    assert "HMMA.16816.F32.BF16" in sass and not HOPPER_ONLY.search(sass)
     assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
 
 

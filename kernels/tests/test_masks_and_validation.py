@@ -82,9 +82,6 @@ def test_validation_errors(args):
         va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE, config=LOCK_STEP)
     with pytest.raises(ValueError, match="_verify_split_kernel_gluon reads an unscaled bfloat16 pool"):
         va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, config=LOCK_STEP, k_scale=0.5)
-    with pytest.raises(ValueError, match="_verify_split_kernel_teams reads bfloat16 pools only"):
-        va.verify_attention(q, ke, kv.to(torch.float8_e4m3fn), idx, kvp, qop, tm, SM_SCALE,
-                            config=va.VerifyConfig(32, 32, 4, 2, mma2=True, teams=True))
     with pytest.raises(TypeError, match="kv_indices"):
         va.verify_attention(q, ke, kv, idx.float(), kvp, qop, tm, SM_SCALE)
     with pytest.raises(TypeError, match="kv_indptr"):
@@ -136,12 +133,19 @@ def test_gluon_archs_fall_back_to_the_triton_kernel_without_gluon(monkeypatch):
 
 def test_every_pool_runs_the_shipped_kernels():
     """Each arch's kernels read scaled pools, and each arch's one config reads fp8 pools too (on
-    sm_90 the Gluon kernel's loader widens an fp8 pool's rows, session 8; on sm_120 all its warps
-    do, session 10). sm_90's lock-step Gluon kernel reads unscaled bf16 only (the launcher refuses
+    sm_90 the Gluon kernel's loader widens an fp8 pool's rows, session 8; on sm_120 all the warps
+    of its 8-warp kernel do, session 10). sm_90's lock-step Gluon kernel reads unscaled bf16 only (the launcher refuses
     it other pools: test_validation_errors)."""
     for cfg in (va.CONFIGS["sm90"], va.SM90_TRITON, va.CONFIGS["sm120"], va.SM120_TRITON, va.SM120_TRITON_FP8,
                 va.CONFIGS["sm80"]):
         assert va.takes_scales(va.split_kernel(cfg, 8)[0]), cfg
+        assert va.takes_scales(va.split_kernel(cfg, 8, fp8_pool=True)[0]), cfg
+    # sm_120: bf16 pools run the two-team kernel (4 warps at launch, 12 in all), fp8 pools the
+    # 8-warp kernel, which widens their tiles (session 12)
+    teams, _, teams_opts = va.split_kernel(va.CONFIGS["sm120"], 8)
+    mma2, _, mma2_opts = va.split_kernel(va.CONFIGS["sm120"], 8, fp8_pool=True)
+    assert (teams.__name__, teams_opts["num_warps"]) == ("_verify_split_kernel_teams", 4)
+    assert (mma2.__name__, mma2_opts["num_warps"]) == ("_verify_split_kernel_mma2", 8)
     for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
         assert va.config_for_arch(12, 0, fp8) == va.config_for_arch(12, 0) == va.CONFIGS["sm120"]
         assert va.config_for_arch(9, 0, fp8) == va.config_for_arch(9, 0) == va.CONFIGS["sm90"]

@@ -161,10 +161,11 @@ def test_sm120_kernel_scaled_pool_every_shape(kv_dtype):
         _check(case, *_run(case, config=va.CONFIGS["sm120"], **scales), **scales)
 
 
-TEAMS = va.VerifyConfig(32, 32, 4, 2, mma2=True, teams=True)
+# sm_120's 8-warp kernel (verify_mma2.py) for every pool; CONFIGS["sm120"] runs it for fp8 pools only
+MMA2_8W = va.VerifyConfig(32, 32, 8, 2, mma2=True)
 
 
-@pytest.mark.parametrize("config", [None, "sm120", "teams"])
+@pytest.mark.parametrize("config", [None, "sm120", "mma2"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_rising_scores(kv_dtype, config):
     """Scores that rise steeply within every 256 keys (each key scaled by 1 ... 6 along them), so
@@ -172,13 +173,11 @@ def test_rising_scores(kv_dtype, config):
     time, and the accumulators are rescaled mid-slice by tiny factors; the draft block's scores
     lie far below the prefix's. (A kernel that skipped those rescales fails it: RESULTS.md,
     session 11.)"""
-    if config == "teams" and kv_dtype != torch.bfloat16:
-        pytest.skip("the two-team candidate reads bf16 pools only")
     case = make_case([60_000, 5_000], [16, 16], 8, mask="tree", kv_dtype=kv_dtype)
     idx = case["kv_indices"].long()
     ramp = 1.0 + 5.0 * (torch.arange(idx.numel(), device="cuda") % 256) / 255.0
     case["kv_cache"][idx] = (case["kv_cache"][idx].float() * ramp[:, None]).to(kv_dtype)
-    _check(case, *_run(case, config=TEAMS if config == "teams" else config and va.CONFIGS[config]))
+    _check(case, *_run(case, config=MMA2_8W if config == "mma2" else config and va.CONFIGS[config]))
 
 
 def test_pack_custom_mask_matches_sglang_layout():
@@ -250,8 +249,8 @@ CANDIDATES = [
     va.VerifyConfig(64, 32, 8, 3, 64, True), va.VerifyConfig(64, 32, 8, 4, 64, True),
     va.VerifyConfig(64, 32, 8, 2), va.VerifyConfig(64, 16, 8, 4),
     va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # sm_80's and SM120_TRITON_FP8; SM120_TRITON
-    va.CONFIGS["sm120"],  # sm_120's Gluon kernel over S^T (mma.sync runs on sm_90 too)
-    TEAMS,  # its two-team candidate (bf16 pools)
+    va.CONFIGS["sm120"],  # sm_120's Gluon kernel over S^T as two teams (mma.sync runs on sm_90 too)
+    MMA2_8W,  # the same in 8 warps, which sm_120 runs for fp8 pools
     va.VerifyConfig(32, 32, 4, 2, 64, True, 2.0), va.VerifyConfig(32, 16, 4, 3, 64, True, 2.0),
     va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
     va.VerifyConfig(64, 64, 8, 1, 64, gluon=True),  # the Gluon split kernel (sm_90 only)
