@@ -189,8 +189,10 @@ def test_pack_custom_mask_matches_sglang_layout():
     assert torch.equal(packed, case["tree_mask"])
 
 
-def test_cuda_graph_replay():
-    """Capture once at static maxima, replay with other lengths, masks and inputs."""
+@pytest.mark.parametrize("config", [None, "sm120"])
+def test_cuda_graph_replay(config):
+    """Capture once at static maxima, replay with other lengths, masks and inputs: the arch's
+    own config, and sm_120's (its two-team kernel with mbarriers; mma.sync runs here too)."""
     h, t, bs, max_L = 8, 16, 3, 120_000
     static = make_case([max_L] * bs, [t] * bs, h, mask="tree", pool_extra=8192)
     ws = va.alloc_workspace(bs, h, t, 40, "cuda")
@@ -203,7 +205,7 @@ def test_cuda_graph_replay():
     def call():
         va.verify_attention(s["q"], s["k_extend"], kv, idx_buf, s["kv_indptr"], s["qo_indptr"],
                             s["tree_mask"], SM_SCALE, out=out, lse=lse, workspace=ws,
-                            max_q_len=t, num_splits=40)
+                            max_q_len=t, num_splits=40, config=config and va.CONFIGS[config])
 
     call()  # compile outside capture
     torch.cuda.synchronize()
