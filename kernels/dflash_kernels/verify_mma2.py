@@ -52,8 +52,6 @@ ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
 # bytes of one row of a block, which the swizzle puts in 8 different bank groups
 NOPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, 8, 1], [2, 1, 0]))  # [4, 32, 128]
 ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 8, 1], [2, 1, 0]))  # [4, 32, 16]
-NOPE_ROW = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, NOPE_ROWS)))  # a row vector of each
-ROPE_ROW = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, ROPE_ROWS)))
 # Shared layouts. A K buffer [4 x 32 rows, W] is also viewed as its four blocks [4, 32, W] (_blocks;
 # a layout's order has the rank of the view, or one less), with the same swizzle, as the blocks'
 # rows are a multiple of 8. The 8 rows an ldmatrix reads 16 bytes each meet 8 different bank groups.
@@ -87,40 +85,51 @@ def _block_cols(W: gl.constexpr, L3: gl.constexpr):
     return (g * W)[:, None, None] + c[None, None, :]
 
 
+# The copy helpers below take the copies' layouts (NR, RR: [4, rows, 128] and [4, rows, 16]),
+# this kernel's 8-warp ones by default; verify_teams.py's loader passes its 2-warp ones.
+@gluon.constexpr_function
+def _row_layout(L3):
+    """The layout of a row vector (one value a row) of copy layout L3."""
+    return gl.SliceLayout(0, gl.SliceLayout(2, L3))
+
+
 @gluon.jit
-def _copy_rows(kn_buf, kp_buf, starts):
+def _copy_rows(kn_buf, kp_buf, starts, NR: gl.constexpr = NOPE_ROWS, RR: gl.constexpr = ROPE_ROWS):
     """cp.async of 576-value rows (starts: their first values, a [32] vector for the nope and one
     for the rope copies) into a K buffer's column blocks; the caller commits the group."""
     starts_n, starts_r = starts
-    cp.async_copy_global_to_shared(kn_buf, starts_n[None, :, None] + _block_cols(128, NOPE_ROWS))
-    cp.async_copy_global_to_shared(kp_buf, starts_r[None, :, None] + 512 + _block_cols(16, ROPE_ROWS))
+    cp.async_copy_global_to_shared(kn_buf, starts_n[None, :, None] + _block_cols(128, NR))
+    cp.async_copy_global_to_shared(kp_buf, starts_r[None, :, None] + 512 + _block_cols(16, RR))
 
 
 @gluon.jit
-def _slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr):
+def _slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr, NR: gl.constexpr = NOPE_ROWS,
+           RR: gl.constexpr = ROPE_ROWS):
     """_tile_slots of a tile in the nope and in the rope copies' layouts."""
-    return (_tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, NOPE_ROW),
-            _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, ROPE_ROW))
+    return (_tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, _row_layout(NR)),
+            _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, _row_layout(RR)))
 
 
 @gluon.jit
-def _row_starts(slots, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N: gl.constexpr):
+def _row_starts(slots, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N: gl.constexpr,
+                NR: gl.constexpr = NOPE_ROWS, RR: gl.constexpr = ROPE_ROWS):
     """First values of latent rows n0 .. n0 + BLOCK_N (pool slots, or the draft block's rows);
     rows past hi read row hi - 1 again: their scores are masked to -inf, so P is 0 there, and the
     data is a latent of this request, finite whenever the result is."""
     slots_n, slots_r = slots
-    r_n = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=NOPE_ROW), hi - 1)
-    r_r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROPE_ROW), hi - 1)
+    r_n = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=_row_layout(NR)), hi - 1)
+    r_r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=_row_layout(RR)), hi - 1)
     return (k_base + gl.where(is_draft, qo_start + r_n, slots_n).to(gl.int64) * k_stride,
             k_base + gl.where(is_draft, qo_start + r_r, slots_r).to(gl.int64) * k_stride)
 
 
 @gluon.jit
-def _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr):
+def _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr,
+              NR: gl.constexpr = NOPE_ROWS, RR: gl.constexpr = ROPE_ROWS):
     """First values of the program's query rows (rows past n_rows read row n_rows - 1 again:
     their results are never stored)."""
-    r_n = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=NOPE_ROW), n_rows - 1)
-    r_r = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROPE_ROW), n_rows - 1)
+    r_n = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=_row_layout(NR)), n_rows - 1)
+    r_r = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=_row_layout(RR)), n_rows - 1)
     return (_q_row_ptrs(Q, qo_start, r_n, stride_qt, stride_qh, NUM_HEADS),
             _q_row_ptrs(Q, qo_start, r_r, stride_qt, stride_qh, NUM_HEADS))
 
@@ -137,9 +146,9 @@ def _q_t(qn_buf, qp_buf):
 
 
 @gluon.jit
-def _s_of(sp_smem, g, BLOCK_N: gl.constexpr):
-    """Column group g's partial sum of S^T, read as S (rows x latents)."""
-    return sp_smem.slice(g * BLOCK_N, BLOCK_N).permute((1, 0)).load(S_L)
+def _s_of(sp_smem, g, BLOCK_N: gl.constexpr, SL: gl.constexpr = S_L):
+    """Column group g's partial sum of S^T, read as S (rows x latents) in layout SL."""
+    return sp_smem.slice(g * BLOCK_N, BLOCK_N).permute((1, 0)).load(SL)
 
 
 @gluon.jit

@@ -32,8 +32,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
 
 from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
-from .verify_gluon import _online_softmax_step, _q_row_ptrs, _tile_slots
-from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _block_cols, _blocks
+from .verify_gluon import _online_softmax_step
+from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _blocks, _copy_rows, _q_starts, _row_starts, _s_of, _slots
 
 TEAM_ROWS = gl.constexpr(16)
 TEAM_WARPS = 4  # the launch's num_warps: team 0, the default partition (team 1 and the loader come on top)
@@ -53,12 +53,10 @@ ROW_S = gl.constexpr(gl.SliceLayout(1, S_L))
 ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
 # the loader's row copies [column group, row, column] over its 2 warps, 8 values a thread: each
 # 16 lanes copy 256 bytes of one row of a block ([4, 32, 128]), each 2 lanes 32 bytes of the rope
-# part ([4, 32, 16])
+# part ([4, 32, 16]); verify_mma2.py's copy helpers take them
 LOADER_WARPS = gl.constexpr(2)
 NOPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, 2, 1], [2, 1, 0]))
 ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 2, 1], [2, 1, 0]))
-NOPE_ROW = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, NOPE_ROWS)))
-ROPE_ROW = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, ROPE_ROWS)))
 # a team's S^T partial sums: fp32 rows of 64 bytes, two a 128-byte line
 SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
 SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [2, 1, 0]))
@@ -72,43 +70,10 @@ LOADER_REGS = gl.constexpr(56)
 
 
 @gluon.jit
-def _copy_rows(kn_buf, kp_buf, starts_n, starts_r):
-    """cp.async of 32 rows of 576 values (their first values, in the nope and the rope copies'
-    layouts) into a K buffer's column blocks."""
-    cp.async_copy_global_to_shared(_blocks(kn_buf, KN3_SH), starts_n[None, :, None] + _block_cols(128, NOPE_ROWS))
-    cp.async_copy_global_to_shared(_blocks(kp_buf, KP3_SH),
-                                   starts_r[None, :, None] + 512 + _block_cols(16, ROPE_ROWS))
-
-
-@gluon.jit
-def _copy_q(kn_buf, kp_buf, bar, Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS: gl.constexpr):
-    """The program's 32 query rows into a K buffer (rows past n_rows read row n_rows - 1: never
-    stored), counted on bar as they land."""
-    q_n = gl.minimum(pid_m * 32 + gl.arange(0, 32, layout=NOPE_ROW), n_rows - 1)
-    q_r = gl.minimum(pid_m * 32 + gl.arange(0, 32, layout=ROPE_ROW), n_rows - 1)
-    _copy_rows(kn_buf, kp_buf, _q_row_ptrs(Q, qo_start, q_n, stride_qt, stride_qh, NUM_HEADS),
-               _q_row_ptrs(Q, qo_start, q_r, stride_qt, stride_qh, NUM_HEADS))
-    cp.mbarrier_arrive(bar, increment_count=False)
-
-
-@gluon.jit
-def _slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr):
-    """_tile_slots of a tile in the nope and in the rope copies' layouts."""
-    return (_tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, NOPE_ROW),
-            _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N, ROPE_ROW))
-
-
-@gluon.jit
-def _copy_tile(kn_buf, kp_buf, bar, slots, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N: gl.constexpr):
-    """Latent rows n0 .. n0 + BLOCK_N (pool slots `slots`, or the draft block's rows) into a K
-    buffer, counted on bar as they land (rows past hi read row hi - 1 again: their scores are
-    masked to -inf)."""
-    slots_n, slots_r = slots
-    r_n = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=NOPE_ROW), hi - 1)
-    r_r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROPE_ROW), hi - 1)
-    s_n = gl.where(is_draft, qo_start + r_n, slots_n)
-    s_r = gl.where(is_draft, qo_start + r_r, slots_r)
-    _copy_rows(kn_buf, kp_buf, k_base + s_n.to(gl.int64) * k_stride, k_base + s_r.to(gl.int64) * k_stride)
+def _copy_counted(kn_buf, kp_buf, bar, starts):
+    """cp.async of 32 rows of 576 values (starts: their first values, in the loader's layouts)
+    into a K buffer's column blocks, counted on bar as they land."""
+    _copy_rows(_blocks(kn_buf, KN3_SH), _blocks(kp_buf, KP3_SH), starts, NOPE_ROWS, ROPE_ROWS)
     cp.mbarrier_arrive(bar, increment_count=False)
 
 
@@ -118,24 +83,19 @@ def _loader(kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, strid
     """Q into K buffer 1, tile 0 into buffer 0, then tile j into buffer j % 2 once both teams are
     done with tile j - 2 (with Q for j = 1). A tile's slot indices are loaded one tile ahead, so
     their latency is not on the way from a free buffer to its copies."""
-    slots_nx = _slots(idx_ptr, lo, hi, is_draft, BLOCK_N)
-    _copy_q(kn_smem.index(1), kp_smem.index(1), q_ready, Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS)
+    slots_nx = _slots(idx_ptr, lo, hi, is_draft, BLOCK_N, NOPE_ROWS, ROPE_ROWS)
+    _copy_counted(kn_smem.index(1), kp_smem.index(1), q_ready,
+                  _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, 32, NOPE_ROWS, ROPE_ROWS))
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     for j in range(n_tiles):
         buf = j % 2
         n0 = lo + j * BLOCK_N
         slots = slots_nx
-        slots_nx = _slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N)
+        slots_nx = _slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N, NOPE_ROWS, ROPE_ROWS)
         mbarrier.wait(q_done, 0, pred=j == 1)
         mbarrier.wait(kfree.index(buf), ((j - 2) // 2) & 1, pred=j > 1)
-        _copy_tile(kn_smem.index(buf), kp_smem.index(buf), ready.index(buf), slots, k_base, k_stride, qo_start, n0,
-                   hi, is_draft, BLOCK_N)
-
-
-@gluon.jit
-def _s_of(sp_smem, g, BLOCK_N: gl.constexpr):
-    """Column group g's partial sum of a team's S^T, read as S (rows x latents)."""
-    return sp_smem.slice(g * BLOCK_N, BLOCK_N).permute((1, 0)).load(S_L)
+        _copy_counted(kn_smem.index(buf), kp_smem.index(buf), ready.index(buf),
+                      _row_starts(slots, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N, NOPE_ROWS, ROPE_ROWS))
 
 
 @gluon.jit
@@ -185,8 +145,8 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
         s3 = mma_v2(_blocks(kp, KP3_SH).load(K3_A), qt_r, s3)
         _blocks(sp_smem, SP3_SH).store(s3)
         gl.thread_barrier()  # this team's partial sums are in
-        s = (_s_of(sp_smem, 0, BLOCK_N) + _s_of(sp_smem, 1, BLOCK_N)) + \
-            (_s_of(sp_smem, 2, BLOCK_N) + _s_of(sp_smem, 3, BLOCK_N))
+        s = (_s_of(sp_smem, 0, BLOCK_N, S_L) + _s_of(sp_smem, 1, BLOCK_N, S_L)) + \
+            (_s_of(sp_smem, 2, BLOCK_N, S_L) + _s_of(sp_smem, 3, BLOCK_N, S_L))
         p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i,
                                                   BLOCK_N, KEY_S)
         pt_smem.permute((1, 0)).store(p.to(gl.bfloat16))
