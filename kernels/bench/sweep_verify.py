@@ -43,6 +43,12 @@ VARIANTS = {
     "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
     # session 8: the same with three K buffers (the room a separate fp8 staging buffer takes)
     "gluon-ws-s3": V(64, 32, 4, 3, 64, False, gluon=True, warp_specialized=True),
+    # session 13: the S group keeps 128 output columns (the V group 384), and with q its S reads
+    # Q's first 256 columns from registers (16 of its 36 wgmma take one operand from shared memory),
+    # with qr the rope part too (20 of 36)
+    "gluon-ws-c128": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128),
+    "gluon-ws-c128q": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1),
+    "gluon-ws-c128qr": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=2),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

@@ -346,6 +346,10 @@ class VerifyConfig:
     waves: float = 1.0  # programs per SM the default split count aims at (2: two resident CTAs)
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
+    # with warp_specialized, for bf16 pools: output columns the S group keeps (256 or 128; the V
+    # group the rest), and Q's blocks it holds in registers (0; 1: columns 0..255; 2: and rope)
+    s_cols: int = 256
+    q_regs: int = 0
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
@@ -366,10 +370,15 @@ CONFIGS = {
     # 64 rows x 32 latents, an S group of 4 warps (plus a V group and a loader), four KV buffers;
     # 1.3x faster at 128k than the lock-step Gluon kernel (session 2), which stays in the sweeps.
     # It reads every pool: its loader widens an fp8 pool's rows to bf16 (session 8).
+    # For bf16 pools its S group keeps 128 of the 512 output columns (the V group 384) and holds
+    # Q's first 256 columns in registers, so 16 of S's 36 wgmma read one operand from shared
+    # memory: 5.5% faster at 128k, t = 16, 5-6% on mixed batches (session 13). fp8 pools keep
+    # 256 columns and Q in shared memory (split_kernel): their loader's registers leave the S
+    # group too few for Q, and the wide layout measured 3-10% slower there.
     # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
-                         warp_specialized=True),
+                         warp_specialized=True, s_cols=128, q_regs=1),
     # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Gluon kernel over
     # S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers, S^T's columns
     # split over the warps: 92 KB, 240 registers (232 for fp8 pools, which it widens in shared
@@ -456,7 +465,10 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
         return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
-        ws_const = {**const, "NUM_STAGES": cfg.num_stages}  # K buffers, filled by the loader partition
+        # (fp8 pools: the S group keeps 256 columns and Q in shared memory, see CONFIGS["sm90"])
+        s_cols, q_regs = (256, 0) if fp8_pool else (cfg.s_cols, cfg.q_regs)
+        ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
+                    "S_COLS": s_cols, "Q_REGS": q_regs}
         return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 

@@ -234,29 +234,32 @@ def _q_and_k_buffers(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: g
 @gluon.jit
 def _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, buf, zero_s):
     """S = Q.K^T of the tile in K buffer buf, issued asynchronously (36 wgmma over the two nope
-    halves and the rope part); the caller waits for it."""
+    halves and the rope part); the caller waits for it. qn_lo is Q's first 256 columns in shared
+    memory, or in registers (the S group's Q_REGS)."""
     s = warpgroup_mma(qn_lo, kn_lo.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     s = warpgroup_mma(qn_hi, kn_hi.index(buf).permute((1, 0)), s, is_async=True)
     return warpgroup_mma(qp_s, kp_s.index(buf).permute((1, 0)), s, is_async=True)
 
 
 @gluon.jit
-def _store_partial_hi(acc, l_div, PART_O, part_row0, n_rows_here, BLOCK_M: gl.constexpr):
-    """Output columns 256..511 of a warp-specialised program's partial result (acc / l_div, l_div
-    in acc's row layout); rows past n_rows_here are left alone."""
+def _store_partial_hi(acc, l_div, PART_O, part_row0, n_rows_here, BLOCK_M: gl.constexpr, COL0: gl.constexpr):
+    """Output columns COL0 .. COL0 + width of a warp-specialised program's partial result
+    (acc / l_div, l_div in acc's row layout); rows past n_rows_here are left alone."""
     O_L: gl.constexpr = acc.type.layout
+    WIDTH: gl.constexpr = acc.type.shape[1]
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_L))
-    dst = PART_O + (part_row0 + rows).to(gl.int64)[:, None] * 512 + 256 \
-        + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :]
+    dst = PART_O + (part_row0 + rows).to(gl.int64)[:, None] * 512 + COL0 \
+        + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, O_L))[None, :]
     gl.store(dst, acc / l_div[:, None], mask=(rows < n_rows_here)[:, None])
 
 
 @gluon.jit
 def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows,
                       BLOCK_M: gl.constexpr):
-    """A warp-specialised program's partial result: output columns 0..255 (acc / l_div, l_div
-    in acc's row layout; the other MMA group wrote the rest) and the slice's log2-sum-exp2."""
+    """A warp-specialised program's partial result: output columns 0 .. width of acc (acc / l_div,
+    l_div in acc's row layout; the other MMA group wrote the rest) and the slice's log2-sum-exp2."""
     O_L: gl.constexpr = acc.type.layout
+    WIDTH: gl.constexpr = acc.type.shape[1]
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     ROW_S: gl.constexpr = m_i.type.layout
     has = l_i > 0.0
@@ -264,7 +267,7 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
     o = acc / l_div[:, None]
     offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
     part_o = pid_s.to(gl.int64) * rows_max + offs_mo
-    gl.store(PART_O + part_o[:, None] * 512 + gl.arange(0, 256, layout=gl.SliceLayout(0, O_L))[None, :], o,
+    gl.store(PART_O + part_o[:, None] * 512 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, O_L))[None, :], o,
              mask=(offs_mo < n_rows)[:, None])
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
     gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=offs_m < n_rows)
@@ -273,10 +276,12 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
 # ----------------------------------------------------------------------------------------------
 # Warp-specialised version (after FlashMLA's schedule): three partitions of one warpgroup each.
 #   * default (the "S" group): S = Q.K^T of a whole 64 x BLOCK_N tile, the softmax (row-local:
-#     no cross-warpgroup reduction), P and the row scale to shared memory, then its half of P.V
-#     (output columns 0..255). S_{j+1} is issued before the softmax of tile j, so the tensor
-#     core works through it (RESULTS.md, session 4: 118 -> 106 us at 128k);
-#   * worker 1 (the "V" group): the other half of P.V (columns 256..511), as soon as P is there;
+#     no cross-warpgroup reduction), P and the row scale to shared memory, then its part of P.V
+#     (output columns 0..S_COLS-1). S_{j+1} is issued before the softmax of tile j, so the tensor
+#     core works through it (RESULTS.md, session 4: 118 -> 106 us at 128k). With S_COLS = 128 it
+#     has the registers to hold Q's first 256 columns (Q_REGS): S's 16 wgmma over them then read
+#     only K from shared memory, the pipe every operand and copy shares (session 13: -5.5% at 128k);
+#   * worker 1 (the "V" group): the rest of P.V (columns S_COLS..511), as soon as P is there;
 #   * worker 2 (the loader): Q, then the latent gathers (cp.async, completion counted on an
 #     mbarrier), so no MMA warp ever waits in the load-store queue; it also widens the rows of an
 #     fp8 pool to bf16 (_fp8_loader, session 8).
@@ -290,8 +295,10 @@ WS_LOADER_WARPS = gl.constexpr(4)  # partitions are whole warpgroups (registers 
 WS_GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_LOADER_WARPS, 1], [1, 0])
 WS_V_REGS = gl.constexpr(184)  # the V group: 64 x 256 fp32 accumulators (128 per thread) and addresses
 WS_LOADER_REGS = gl.constexpr(40)
-# launch limit: 12 warps x 32 threads x 168 <= 65,536 registers; the partitions then take 256
-# (the S group), WS_V_REGS and WS_LOADER_REGS
+WS_V_WIDE_REGS = gl.constexpr(232)  # _ws_v_group_wide: 384 columns, 192 accumulators a thread
+# launch limit: 12 warps x 32 threads x 168 <= 65,536 registers; the partitions then take the V
+# group's and the loader's counts, and the S group the rest of 504 a thread (at most 256; 232
+# beside the wide V group, which holds its 64 accumulators, Q's 64 registers and two S tiles)
 WS_MAXNREG = 168
 
 
@@ -460,18 +467,52 @@ def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
     # the S group's final row sums come through the scale buffer, after one more p_ready
     mbarrier.wait(p_ready, n_tiles & 1)
     l_i = scale_smem.load(ROW_O)
-    _store_partial_hi(acc, gl.where(l_i > 0.0, l_i, 1.0) / o_scale, PART_O, part_row0, n_rows_here, BLOCK_M)
+    _store_partial_hi(acc, gl.where(l_i > 0.0, l_i, 1.0) / o_scale, PART_O, part_row0, n_rows_here, BLOCK_M, 256)
+
+
+@gluon.jit
+def _ws_v_group_wide(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
+                     PART_O, part_row0, n_rows_here, n_tiles, o_scale, BLOCK_M: gl.constexpr,
+                     NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr):
+    """_ws_v_group for an S group that keeps fewer than 256 output columns: this group also
+    takes columns S_COLS..255 (a second accumulator, read from the first nope half's buffer)."""
+    MID: gl.constexpr = 256 - S_COLS
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 256, 16])
+    M_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, MID, 16])
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    ROW_M: gl.constexpr = gl.SliceLayout(1, M_L)
+    acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
+    acc_m = gl.zeros([BLOCK_M, MID], gl.float32, layout=M_L)
+    for j in range(n_tiles):
+        buf = j % NUM_STAGES
+        mbarrier.wait(p_ready, j & 1)
+        mbarrier.wait(ready.index(buf), (j // NUM_STAGES) & 1)
+        fence_async_shared()
+        acc = acc * scale_smem.load(ROW_O)[:, None]
+        acc_m = acc_m * scale_smem.load(ROW_M)[:, None]
+        acc = warpgroup_mma(p_smem, kn_hi.index(buf), acc, is_async=True)
+        acc_m = warpgroup_mma(p_smem, kn_lo.index(buf).slice(S_COLS, MID, dim=1), acc_m, is_async=True)
+        acc, acc_m = warpgroup_mma_wait(0, deps=[acc, acc_m])
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(kfree.index(buf), count=1)
+    mbarrier.wait(p_ready, n_tiles & 1)
+    l_div = gl.where(scale_smem.load(ROW_O) > 0.0, scale_smem.load(ROW_O), 1.0) / o_scale
+    _store_partial_hi(acc, l_div, PART_O, part_row0, n_rows_here, BLOCK_M, 256)
+    l_div_m = gl.where(scale_smem.load(ROW_M) > 0.0, scale_smem.load(ROW_M), 1.0) / o_scale
+    _store_partial_hi(acc_m, l_div_m, PART_O, part_row0, n_rows_here, BLOCK_M, S_COLS)
 
 
 @gluon.jit
 def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                NUM_STAGES: gl.constexpr):
+                NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 256, 16])
+                                                  instr_shape=[16, S_COLS, 16])
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
@@ -480,12 +521,21 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
     mask_row = TREE_MASK + (qo_start + offs_m // NUM_HEADS).to(gl.int64) * stride_mask
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
-    acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
+    acc = gl.zeros([BLOCK_M, S_COLS], gl.float32, layout=O_L)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
     mbarrier.wait(q_ready, 0)  # the loader's copy of Q (_copy_q)
+    # Q's first 256 columns (Q_REGS >= 1) and its rope part (Q_REGS == 2) as S's register operand
+    if Q_REGS >= 1:
+        q_lo = qn_lo.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    else:
+        q_lo = qn_lo
+    if Q_REGS >= 2:
+        q_pe = qp_s.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    else:
+        q_pe = qp_s
     mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
     fence_async_shared()
-    s = _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, 0, zero_s)
+    s = _issue_s(q_lo, qn_hi, q_pe, kn_lo, kn_hi, kp_s, 0, zero_s)
     s = warpgroup_mma_wait(0, deps=[s])
     for j in range(n_tiles):
         buf = j % NUM_STAGES
@@ -495,7 +545,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         nb = (j + 1) % NUM_STAGES
         mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
         fence_async_shared()
-        s_nx = _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, nb, zero_s)
+        s_nx = _issue_s(q_lo, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s)
         p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
                                                   BLOCK_N, COL_S)
         # the V group is done with P_{j-1} and its scale
@@ -505,7 +555,11 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         fence_async_shared()
         mbarrier.arrive(p_ready, count=1)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        acc = warpgroup_mma(p_smem, kn_lo.index(buf), acc, is_async=True)
+        if S_COLS == 256:
+            v_lo = kn_lo.index(buf)
+        else:
+            v_lo = kn_lo.index(buf).slice(0, S_COLS, dim=1)
+        acc = warpgroup_mma(p_smem, v_lo, acc, is_async=True)
         # (an accumulator still in flight across the loop's back edge makes ptxas serialise
         # every wgmma of the kernel, C7514: P_j.V_j is waited for here)
         acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
@@ -529,8 +583,11 @@ def _verify_split_kernel_gluon_ws(
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr,
+    S_COLS: gl.constexpr,
+    Q_REGS: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 64)
+    gl.static_assert((S_COLS == 256) or (S_COLS == 128))  # output columns the S group keeps
     gl.static_assert((BLOCK_N == 64) or (BLOCK_N == 32))  # the loader's layout covers BLOCK_N rows
     # S_{j+1} is issued while tile j is still held: with two buffers the loader could only start
     # on tile j + 1 once tile j - 1 is released, right before S_{j+1} needs it
@@ -585,17 +642,31 @@ def _verify_split_kernel_gluon_ws(
         loader_regs: gl.constexpr = WS_FP8_LOADER_REGS
     else:
         loader_regs: gl.constexpr = WS_LOADER_REGS
-    acc, m_i, l_i = gl.warp_specialize([
-        (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
-                       p_free, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
-                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
-        (_ws_v_group, (kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                       PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
-                       n_tiles, o_scale, BLOCK_M, NUM_STAGES)),
-        (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi, kp_s,
-                          ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
-                          is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
-    ], [4, WS_LOADER_WARPS], [WS_V_REGS, loader_regs])
+    # (Gluon takes the partitions' functions only inside the warp_specialize call)
+    part_row0 = pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M
+    if S_COLS == 256:
+        acc, m_i, l_i = gl.warp_specialize([
+            (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree,
+                           p_ready, p_free, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
+                           n_tiles, qk, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS)),
+            (_ws_v_group, (kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
+                           PART_O, part_row0, n_rows - pid_m * BLOCK_M, n_tiles, o_scale, BLOCK_M, NUM_STAGES)),
+            (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi,
+                              kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start,
+                              lo, hi, is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
+        ], [4, WS_LOADER_WARPS], [WS_V_REGS, loader_regs])
+    else:
+        acc, m_i, l_i = gl.warp_specialize([
+            (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree,
+                           p_ready, p_free, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
+                           n_tiles, qk, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS)),
+            (_ws_v_group_wide, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
+                                PART_O, part_row0, n_rows - pid_m * BLOCK_M, n_tiles, o_scale, BLOCK_M,
+                                NUM_STAGES, S_COLS)),
+            (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi,
+                              kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start,
+                              lo, hi, is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
+        ], [4, WS_LOADER_WARPS], [WS_V_WIDE_REGS, loader_regs])
 
     # -- partial result (the V group wrote columns 256..511) --
     l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0) / o_scale, gl.SliceLayout(1, acc.type.layout))

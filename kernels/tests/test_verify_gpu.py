@@ -256,7 +256,9 @@ CANDIDATES = [
     va.VerifyConfig(32, 32, 4, 2, 64, True, 2.0), va.VerifyConfig(32, 16, 4, 3, 64, True, 2.0),
     va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
     va.VerifyConfig(64, 64, 8, 1, 64, gluon=True),  # the Gluon split kernel (sm_90 only)
-    va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True),  # its warp-specialised twin
+    # its warp-specialised twin, with the S group's 256 columns and Q in shared memory (what fp8
+    # pools run; bf16 pools run CONFIGS["sm90"], 128 columns and part of Q in registers)
+    va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True),
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
