@@ -53,16 +53,22 @@ ROW_S = gl.constexpr(gl.SliceLayout(1, S_L))
 ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
 # the loader's row copies [column group, row, column] over its 2 warps, 8 values a thread: each
 # 16 lanes copy 256 bytes of one row of a block ([4, 32, 128]), each 2 lanes 32 bytes of the rope
-# part ([4, 32, 16]); verify_mma2.py's copy helpers take them
+# part ([4, 32, 16]); verify_mma2.py's copy helpers take them. A warp's rope copy covers 16 rows
+# of one block, 512 bytes in a row (4 wavefronts); over 4 rows of all 4 blocks, whose rows lie
+# 1 KB apart in the same banks, it took 16 (ncu, session 13)
 LOADER_WARPS = gl.constexpr(2)
 NOPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, 2, 1], [2, 1, 0]))
-ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 2, 1], [2, 1, 0]))
+ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 16, 2], [1, 2, 1], [2, 1, 0]))
 # a team's S^T partial sums: fp32 rows of 64 bytes, two a 128-byte line
 SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
 SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [2, 1, 0]))
 PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [1, 0]))  # P^T: rows of 32 bytes, four a line
 # the partial output's store: a warp writes 128 consecutive columns of one row
 ST_BL = gl.constexpr(gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1]))
+# ... read from the team's partial-sum buffer held as [rows, columns] (row-major, 16-byte pieces
+# swizzled over 8 rows): the O^T fragments' stores and those row reads meet no bank twice. Held
+# as the partial sums are ([columns, rows]), each row read took 16 wavefronts (ncu, session 13)
+STAGE_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
 # registers a thread after setmaxnreg (the 12 warps start at 168): team 1 232, the loader's
 # warpgroup (its 2 warps padded to 4) 56, team 0 (the default partition) what is left, 216
 TEAMS_REGS = gl.constexpr(232)
@@ -169,12 +175,13 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
     part = part_row0 + rows_o
     ok = (rows_o < n_rows)[None, :]
     cols = gl.arange(0, 128, layout=gl.SliceLayout(1, ST_BL))[:, None]
-    # each block through the team's partial-sum buffer (the same [128, 16] floats), as a warp
-    # writes 128 consecutive columns of a row: a layout conversion would take 8 KB more a team
-    _store_block(sp_smem, acc0 * scale, PART_O + part[None, :] * 512 + cols, ok)
-    _store_block(sp_smem, acc1 * scale, PART_O + part[None, :] * 512 + 128 + cols, ok)
-    _store_block(sp_smem, acc2 * scale, PART_O + part[None, :] * 512 + 256 + cols, ok)
-    _store_block(sp_smem, acc3 * scale, PART_O + part[None, :] * 512 + 384 + cols, ok)
+    # each block through the team's partial-sum buffer (the same 8 KB, as [16, 128] floats), as a
+    # warp writes 128 consecutive columns of a row: a layout conversion would take 8 KB more a team
+    stage = sp_smem._reinterpret(gl.float32, [TEAM_ROWS, 128], STAGE_SH).permute((1, 0))
+    _store_block(stage, acc0 * scale, PART_O + part[None, :] * 512 + cols, ok)
+    _store_block(stage, acc1 * scale, PART_O + part[None, :] * 512 + 128 + cols, ok)
+    _store_block(stage, acc2 * scale, PART_O + part[None, :] * 512 + 256 + cols, ok)
+    _store_block(stage, acc3 * scale, PART_O + part[None, :] * 512 + 384 + cols, ok)
     gl.store(PART_LSE + part_row0 + rows_s, lse2, mask=row_ok)
 
 
