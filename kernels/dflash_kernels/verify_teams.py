@@ -53,12 +53,12 @@ ROW_S = gl.constexpr(gl.SliceLayout(1, S_L))
 ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
 # the loader's row copies [column group, row, column] over its 2 warps, 8 values a thread: each
 # 16 lanes copy 256 bytes of one row of a block ([4, 32, 128]), each 2 lanes 32 bytes of the rope
-# part ([4, 32, 16]); verify_mma2.py's copy helpers take them. A warp's rope copy covers 16 rows
-# of one block, 512 bytes in a row (4 wavefronts); over 4 rows of all 4 blocks, whose rows lie
-# 1 KB apart in the same banks, it took 16 (ncu, session 13)
+# part ([4, 32, 16]); verify_mma2.py's copy helpers take them. (ncu counts the rope copies 4x
+# their ideal shared-memory wavefronts: each 8 lanes fill 32-byte pieces of 4 gathered rows.
+# Copying 16 rows of one block a warp instead left the count as it was: session 13.)
 LOADER_WARPS = gl.constexpr(2)
 NOPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, 2, 1], [2, 1, 0]))
-ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 16, 2], [1, 2, 1], [2, 1, 0]))
+ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 2, 1], [2, 1, 0]))
 # a team's S^T partial sums: fp32 rows of 64 bytes, two a 128-byte line
 SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
 SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [2, 1, 0]))

@@ -9,7 +9,11 @@ import sys
 import pytest
 import triton
 from dflash_kernels import aot
+from dflash_kernels import verify_teams as teams
 from dflash_kernels.verify_attention import MERGE_TILES
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 va = aot.va
 
@@ -224,6 +228,34 @@ def test_two_team_kernel_builds_for_sm120(tmp_path):
     sass = _sass(cubin)
     assert "HMMA.16816.F32.BF16" in sass and not HOPPER_ONLY.search(sass)
     assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
+
+
+@gluon.jit
+def _epilogue_stage_banks(STAGE: gl.constexpr, ROW_MAJOR: gl.constexpr):
+    """Compiles only if a team's O^T block goes through a stage of layout STAGE (held [rows,
+    columns] if ROW_MAJOR, else [columns, rows]) with no bank conflict, stores and row reads."""
+    if ROW_MAJOR:
+        view = gl.allocate_shared_memory(gl.float32, [16, 128], STAGE).permute((1, 0))
+    else:
+        view = gl.allocate_shared_memory(gl.float32, [128, 16], STAGE)
+    gl.static_assert(gl.bank_conflicts(gl.zeros([128, 16], gl.float32, teams.OT_L).type, view.type) == 0)
+    gl.static_assert(gl.bank_conflicts(gl.zeros([128, 16], gl.float32, teams.ST_BL).type, view.type) == 0)
+
+
+def test_two_team_epilogue_meets_no_bank_twice():
+    """The teams' epilogue stage (session 13): Gluon's own bank-conflict count is 0 for the O^T
+    fragments' stores and the row reads; the stage of session 12 ([columns, rows], as the
+    partial sums are held) fails the same check (its row reads took 16 wavefronts under ncu)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def build(stage, row_major):
+        src = GluonASTSource(fn=_epilogue_stage_banks, signature={"STAGE": "constexpr", "ROW_MAJOR": "constexpr"},
+                             constexprs={"STAGE": stage, "ROW_MAJOR": row_major})
+        return triton.compile(src, target=GPUTarget("cuda", 120, 32), options={"num_warps": teams.TEAM_WARPS})
+
+    build(teams.STAGE_SH, True)
+    with pytest.raises(Exception, match="static_assert|Assert"):
+        build(teams.SP_SH, False)
 
 
 def test_archs_before_sm89_build_no_fp8_kernels():
