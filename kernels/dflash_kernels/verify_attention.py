@@ -384,9 +384,9 @@ CONFIGS = {
     # split over the warps: 92 KB, 240 registers (232 for fp8 pools, which it widens in shared
     # memory), no spill in the sm_120a build. bf16 pools run it as two teams of 4 warps out of
     # phase with a loader partition (verify_teams.py; 92.6 KB, no spill). Not run on an sm_120
-    # card; measured on the H200 running mma.sync code (RESULTS.md sessions 9, 10 and 12): at 128k,
+    # card; measured on the H200 running mma.sync code (RESULTS.md sessions 9-13): at 128k,
     # t = 16, 2.2x faster than the best Triton-language tile for bf16 pools (SM120_TRITON; the
-    # teams 8% faster than the 8-warp kernel there, 10-11% on mixed batches, 4 us slower at 1k),
+    # teams 11% faster than the 8-warp kernel there, 13-14% on mixed batches, as fast at 1k),
     # 4.2x faster than the Triton-language kernel for fp8 pools (SM120_TRITON_FP8).
     "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, mma2=True, teams=True),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
