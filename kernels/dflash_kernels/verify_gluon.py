@@ -295,7 +295,7 @@ WS_LOADER_WARPS = gl.constexpr(4)  # partitions are whole warpgroups (registers 
 WS_GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_LOADER_WARPS, 1], [1, 0])
 WS_V_REGS = gl.constexpr(184)  # the V group: 64 x 256 fp32 accumulators (128 per thread) and addresses
 WS_LOADER_REGS = gl.constexpr(40)
-WS_V_WIDE_REGS = gl.constexpr(232)  # _ws_v_group_wide: 384 columns, 192 accumulators a thread
+WS_V_WIDE_REGS = gl.constexpr(232)  # the V group of 384 columns (S_COLS 128): 192 accumulators a thread
 # launch limit: 12 warps x 32 threads x 168 <= 65,536 registers; the partitions then take the V
 # group's and the loader's counts, and the S group the rest of 504 a thread (at most 256; 232
 # beside the wide V group, which holds its 64 accumulators, Q's 64 registers and two S tiles)
@@ -444,12 +444,22 @@ def _ws_loader_any(qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, 
 
 
 @gluon.jit
-def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                PART_O, part_row0, n_rows_here, n_tiles, o_scale, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
+                PART_O, part_row0, n_rows_here, n_tiles, o_scale, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                S_COLS: gl.constexpr):
+    """Output columns S_COLS..511 of P.V: 256..511 over the second nope half's buffer, and where
+    the S group keeps fewer than 256 (S_COLS 128), columns S_COLS..255 in a second accumulator
+    over the first half's."""
+    MID: gl.constexpr = 256 - S_COLS
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, 256, 16])
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
+    if MID > 0:
+        M_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, MID, 16])
+        ROW_M: gl.constexpr = gl.SliceLayout(1, M_L)
+        acc_m = gl.zeros([BLOCK_M, MID], gl.float32, layout=M_L)
     for j in range(n_tiles):
         buf = j % NUM_STAGES
         mbarrier.wait(p_ready, j & 1)  # P_j and its row scale are written
@@ -460,48 +470,24 @@ def _ws_v_group(kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
         fence_async_shared()
         alpha = scale_smem.load(ROW_O)
         acc = acc * alpha[:, None]
+        if MID > 0:
+            acc_m = acc_m * scale_smem.load(ROW_M)[:, None]
         acc = warpgroup_mma(p_smem, kn_hi.index(buf), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
+        if MID > 0:
+            acc_m = warpgroup_mma(p_smem, kn_lo.index(buf).slice(S_COLS, MID, dim=1), acc_m, is_async=True)
+            acc, acc_m = warpgroup_mma_wait(0, deps=[acc, acc_m])
+        else:
+            acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(kfree.index(buf), count=1)
     # the S group's final row sums come through the scale buffer, after one more p_ready
     mbarrier.wait(p_ready, n_tiles & 1)
     l_i = scale_smem.load(ROW_O)
     _store_partial_hi(acc, gl.where(l_i > 0.0, l_i, 1.0) / o_scale, PART_O, part_row0, n_rows_here, BLOCK_M, 256)
-
-
-@gluon.jit
-def _ws_v_group_wide(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                     PART_O, part_row0, n_rows_here, n_tiles, o_scale, BLOCK_M: gl.constexpr,
-                     NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr):
-    """_ws_v_group for an S group that keeps fewer than 256 output columns: this group also
-    takes columns S_COLS..255 (a second accumulator, read from the first nope half's buffer)."""
-    MID: gl.constexpr = 256 - S_COLS
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 256, 16])
-    M_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, MID, 16])
-    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
-    ROW_M: gl.constexpr = gl.SliceLayout(1, M_L)
-    acc = gl.zeros([BLOCK_M, 256], gl.float32, layout=O_L)
-    acc_m = gl.zeros([BLOCK_M, MID], gl.float32, layout=M_L)
-    for j in range(n_tiles):
-        buf = j % NUM_STAGES
-        mbarrier.wait(p_ready, j & 1)
-        mbarrier.wait(ready.index(buf), (j // NUM_STAGES) & 1)
-        fence_async_shared()
-        acc = acc * scale_smem.load(ROW_O)[:, None]
-        acc_m = acc_m * scale_smem.load(ROW_M)[:, None]
-        acc = warpgroup_mma(p_smem, kn_hi.index(buf), acc, is_async=True)
-        acc_m = warpgroup_mma(p_smem, kn_lo.index(buf).slice(S_COLS, MID, dim=1), acc_m, is_async=True)
-        acc, acc_m = warpgroup_mma_wait(0, deps=[acc, acc_m])
-        mbarrier.arrive(p_free, count=1)
-        mbarrier.arrive(kfree.index(buf), count=1)
-    mbarrier.wait(p_ready, n_tiles & 1)
-    l_div = gl.where(scale_smem.load(ROW_O) > 0.0, scale_smem.load(ROW_O), 1.0) / o_scale
-    _store_partial_hi(acc, l_div, PART_O, part_row0, n_rows_here, BLOCK_M, 256)
-    l_div_m = gl.where(scale_smem.load(ROW_M) > 0.0, scale_smem.load(ROW_M), 1.0) / o_scale
-    _store_partial_hi(acc_m, l_div_m, PART_O, part_row0, n_rows_here, BLOCK_M, S_COLS)
+    if MID > 0:
+        l_m = scale_smem.load(ROW_M)
+        _store_partial_hi(acc_m, gl.where(l_m > 0.0, l_m, 1.0) / o_scale, PART_O, part_row0, n_rows_here, BLOCK_M,
+                          S_COLS)
 
 
 @gluon.jit
@@ -642,32 +628,22 @@ def _verify_split_kernel_gluon_ws(
         loader_regs: gl.constexpr = WS_FP8_LOADER_REGS
     else:
         loader_regs: gl.constexpr = WS_LOADER_REGS
-    # (Gluon takes the partitions' functions only inside the warp_specialize call)
-    part_row0 = pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M
     if S_COLS == 256:
-        acc, m_i, l_i = gl.warp_specialize([
-            (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree,
-                           p_ready, p_free, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
-                           n_tiles, qk, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS)),
-            (_ws_v_group, (kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                           PART_O, part_row0, n_rows - pid_m * BLOCK_M, n_tiles, o_scale, BLOCK_M, NUM_STAGES)),
-            (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi,
-                              kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start,
-                              lo, hi, is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
-        ], [4, WS_LOADER_WARPS], [WS_V_REGS, loader_regs])
+        v_regs: gl.constexpr = WS_V_REGS
     else:
-        acc, m_i, l_i = gl.warp_specialize([
-            (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree,
-                           p_ready, p_free, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft,
-                           n_tiles, qk, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS)),
-            (_ws_v_group_wide, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                                PART_O, part_row0, n_rows - pid_m * BLOCK_M, n_tiles, o_scale, BLOCK_M,
-                                NUM_STAGES, S_COLS)),
-            (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi,
-                              kp_s, ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start,
-                              lo, hi, is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
-        ], [4, WS_LOADER_WARPS], [WS_V_WIDE_REGS, loader_regs])
+        v_regs: gl.constexpr = WS_V_WIDE_REGS
+    acc, m_i, l_i = gl.warp_specialize([
+        (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
+                       p_free, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
+                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS)),
+        (_ws_v_group, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
+                       PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
+                       n_tiles, o_scale, BLOCK_M, NUM_STAGES, S_COLS)),
+        (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi, kp_s,
+                          ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
+                          is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
+    ], [4, WS_LOADER_WARPS], [v_regs, loader_regs])
 
-    # -- partial result (the V group wrote columns 256..511) --
+    # -- partial result (the V group wrote columns S_COLS..511) --
     l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0) / o_scale, gl.SliceLayout(1, acc.type.layout))
     _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M)
