@@ -139,11 +139,13 @@ def test_fp8_pool_vs_reference_and_sglang(kv_dtype, config):
     assert not torch.isnan(theirs).any() and e_ours <= e_peer
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_fp8_pool_every_shape(kv_dtype):
-    """fp8 pools with scales through the shapes the candidates' test covers (t = 64 trees across
-    a mask word, a request with no prefix, t = 1, slices ending mid-tile) and a paged pool with
-    16 heads: on sm_90 the shipped kernel's loader widens these rows itself (session 8)."""
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16])
+def test_scaled_pool_every_shape(kv_dtype):
+    """Pools with scales through the shapes the candidates' test covers (t = 64 trees across a
+    mask word, a request with no prefix, t = 1, slices ending mid-tile) and a paged pool with 16
+    heads, on the arch's own config: on sm_90 the loader widens fp8 rows itself (session 8), and
+    a bf16 pool runs the layout whose V group keeps 384 columns in two accumulators, each divided
+    by v_scale (session 13)."""
     scales = dict(k_scale=0.37, v_scale=1.9)
     for case in (make_case([0, 40_000, 333, 64], [64, 33, 16, 1], 8, mask="tree", kv_dtype=kv_dtype),
                  make_case([3000, 50_000, 17], [16, 16, 16], 16, mask="tree", page_size=16, kv_dtype=kv_dtype)):
