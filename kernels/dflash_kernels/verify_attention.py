@@ -358,6 +358,17 @@ class VerifyConfig:
     # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
 
+    def __post_init__(self):
+        if self.s_cols not in (128, 256) or self.q_regs not in (0, 1, 2):
+            raise ValueError(f"VerifyConfig: s_cols must be 128 or 256 and q_regs 0, 1 or 2 (got {self.s_cols}, "
+                             f"{self.q_regs})")
+        if (self.s_cols != 256 or self.q_regs) and not self.warp_specialized:
+            raise ValueError("VerifyConfig: s_cols and q_regs shape sm_90's warp-specialised kernel; set "
+                             "warp_specialized=True (and gluon=True) or leave them at 256 and 0")
+        if self.q_regs and self.s_cols != 128:
+            raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
+                             "registers left for Q (it spills)")
+
     def smem_bytes(self) -> int:
         """Rough shared-memory need: Q tile once plus num_stages KV tiles (bf16)."""
         return 2 * D_LATENT * (self.block_m + max(self.num_stages, 1) * self.block_n)
@@ -372,9 +383,10 @@ CONFIGS = {
     # It reads every pool: its loader widens an fp8 pool's rows to bf16 (session 8).
     # For bf16 pools its S group keeps 128 of the 512 output columns (the V group 384) and holds
     # Q's first 256 columns in registers, so 16 of S's 36 wgmma read one operand from shared
-    # memory: 5.5% faster at 128k, t = 16, 5-6% on mixed batches (session 13). fp8 pools keep
-    # 256 columns and Q in shared memory (split_kernel): their loader's registers leave the S
-    # group too few for Q, and the wide layout measured 3-10% slower there.
+    # memory: 4-5% faster at 128k-200k, t = 16, 5% at t = 64, 5.5-6.5% on mixed batches
+    # (session 13). fp8 pools keep 256 columns and Q in shared memory (split_kernel): their
+    # loader's registers leave the S group too few for Q, and the new layouts measured 3-11%
+    # slower there at 128k.
     # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
@@ -386,7 +398,7 @@ CONFIGS = {
     # phase with a loader partition (verify_teams.py; 92.6 KB, no spill). Not run on an sm_120
     # card; measured on the H200 running mma.sync code (RESULTS.md sessions 9-13): at 128k,
     # t = 16, 2.2x faster than the best Triton-language tile for bf16 pools (SM120_TRITON; the
-    # teams 11% faster than the 8-warp kernel there, 13-14% on mixed batches, as fast at 1k),
+    # teams 11% faster than the 8-warp kernel there, 12-13% on mixed batches, as fast at 1k),
     # 4.2x faster than the Triton-language kernel for fp8 pools (SM120_TRITON_FP8).
     "sm120": VerifyConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, mma2=True, teams=True),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),

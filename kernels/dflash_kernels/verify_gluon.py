@@ -297,8 +297,9 @@ WS_V_REGS = gl.constexpr(184)  # the V group: 64 x 256 fp32 accumulators (128 pe
 WS_LOADER_REGS = gl.constexpr(40)
 WS_V_WIDE_REGS = gl.constexpr(232)  # the V group of 384 columns (S_COLS 128): 192 accumulators a thread
 # launch limit: 12 warps x 32 threads x 168 <= 65,536 registers; the partitions then take the V
-# group's and the loader's counts, and the S group the rest of 504 a thread (at most 256; 232
-# beside the wide V group, which holds its 64 accumulators, Q's 64 registers and two S tiles)
+# group's and the loader's counts, and the S group the rest of 504 a thread (at most 256). Beside
+# the wide V group the S group gets 232: enough for its 64 accumulators, Q's 64 registers and
+# two S tiles (with the fp8 loader's 72 it would get 200, and Q in registers spills there)
 WS_MAXNREG = 168
 
 

@@ -20,7 +20,7 @@ Each tile's K and V are read from shared memory twice (once a team): 136 KB a ti
 Measured on the H200 running this mma.sync code (RESULTS.md, session 12): 7.7% faster than
 verify_mma2.py's kernel at 128k, t = 16, 8.8% at 200k, 10% at t = 64 and 10-11% on mixed batches,
 even at 32k, but 4 us (15%) slower at 1k, which session 13 traced to the epilogue's reads of its
-stage (16 wavefronts each; the stage is now laid out for them: 26 us at 1k, 3.9% less at 128k).
+stage (16 wavefronts each; the stage is now laid out for them: 26 us at 1k, 3.8% less at 128k).
 A first version without the loader (team 1 issuing
 every copy, so that team 0 ran ahead) was 24% slower at 128k: the copies lengthened team 1's
 chain, which set the pace; loading a tile's slot indices one tile ahead in the loader gave the

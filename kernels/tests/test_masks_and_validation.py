@@ -140,6 +140,11 @@ def test_every_pool_runs_the_shipped_kernels():
                 va.CONFIGS["sm80"]):
         assert va.takes_scales(va.split_kernel(cfg, 8)[0]), cfg
         assert va.takes_scales(va.split_kernel(cfg, 8, fp8_pool=True)[0]), cfg
+    # sm_90: bf16 pools run the layout with 128 S-group columns and Q's first 256 columns in
+    # registers; fp8 pools the one with 256 columns and Q in shared memory (session 13)
+    _, bf16_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8)
+    _, fp8_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8, fp8_pool=True)
+    assert (bf16_const["S_COLS"], bf16_const["Q_REGS"], fp8_const["S_COLS"], fp8_const["Q_REGS"]) == (128, 1, 256, 0)
     # sm_120: bf16 pools run the two-team kernel (4 warps at launch, 12 in all), fp8 pools the
     # 8-warp kernel, which widens their tiles (session 12)
     teams, _, teams_opts = va.split_kernel(va.CONFIGS["sm120"], 8)
@@ -154,6 +159,22 @@ def test_every_pool_runs_the_shipped_kernels():
     assert not va.takes_scales(va.split_kernel(LOCK_STEP, 8)[0])
     assert va.is_plain_pool(torch.bfloat16) and not va.is_plain_pool(torch.float8_e4m3fn)
     assert not va.is_plain_pool(torch.bfloat16, k_scale=0.5) and not va.is_plain_pool(torch.bfloat16, v_scale=2.0)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(s_cols=64), "s_cols must be 128 or 256"),
+    (dict(q_regs=3, s_cols=128), "q_regs 0, 1 or 2"),
+    (dict(q_regs=1), "q_regs needs s_cols=128"),
+])
+def test_sm90_layout_fields_are_checked(fields, message):
+    """The S group's column count and Q's registers (session 13): values the kernel has no code
+    or no registers for are refused with what to set, before anything compiles."""
+    base = dict(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True, warp_specialized=True)
+    with pytest.raises(ValueError, match=message):
+        va.VerifyConfig(**base, **fields)
+    with pytest.raises(ValueError, match="warp_specialized=True"):
+        va.VerifyConfig(32, 32, 8, 2, mma2=True, s_cols=128)
+    assert va.VerifyConfig(**base, s_cols=128, q_regs=2).q_regs == 2
 
 
 def test_merge_tile_holds_the_mean_partials():
