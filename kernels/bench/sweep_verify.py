@@ -37,15 +37,16 @@ VARIANTS = {
     "n16s6": V(64, 16, 8, 6, 64, True),
     # the lock-step Gluon split kernel (verify_gluon.py), sm_90's kernel in session 2
     "gluon-n64": V(64, 64, 8, 1, 64, False, gluon=True),
-    # the warp-specialised Gluon kernel, what sm_90 runs (CONFIGS["sm90"]): S group, V group,
-    # loader; num_stages is its number of K buffers (at least three, so the loader gets a lead:
-    # S_{j+1} is issued while tile j is held)
+    # the warp-specialised Gluon kernel: S group, V group, loader; num_stages is its number of K
+    # buffers (at least three, so the loader gets a lead: S_{j+1} is issued while tile j is held).
+    # This is its layout of sessions 4-12 (the S group keeps 256 columns, Q in shared memory),
+    # which fp8 pools still run; CONFIGS["sm90"] (gluon-ws-c128q below) is what bf16 pools run
     "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
     # session 8: the same with three K buffers (the room a separate fp8 staging buffer takes)
     "gluon-ws-s3": V(64, 32, 4, 3, 64, False, gluon=True, warp_specialized=True),
     # session 13: the S group keeps 128 output columns (the V group 384), and with q its S reads
-    # Q's first 256 columns from registers (16 of its 36 wgmma take one operand from shared memory),
-    # with qr the rope part too (20 of 36)
+    # Q's first 256 columns from registers (16 of its 36 wgmma take one operand from shared memory;
+    # CONFIGS["sm90"] for bf16 pools), with qr the rope part too (20 of 36)
     "gluon-ws-c128": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128),
     "gluon-ws-c128q": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1),
     "gluon-ws-c128qr": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=2),
