@@ -76,6 +76,9 @@ VARIANTS = {
     # session 12: the same as two teams of 4 warps and a loader, out of phase (verify_teams.py;
     # CONFIGS["sm120"], which runs sm120-mma2 for fp8 pools)
     "sm120-teams": V(32, 32, 8, 2, mma2=True, teams=True),
+    # session 14 (built, not yet run): the teams' rope part held as one 128-byte line a latent,
+    # so that each 8 lanes of the loader copy one line of the pool (verify_teams.py, ROPE_LINES)
+    "sm120-teams-lines": V(32, 32, 8, 2, mma2=True, teams=True, rope_lines=True),
     # tiles small enough for two programs an SM on sm_120 too (under 50 KB and 32 K registers)
     "sm120-m16n16w4-w2": V(16, 16, 4, 2, waves=2.0),
     "sm120-m16n16w4s3-w2": V(16, 16, 4, 3, waves=2.0),

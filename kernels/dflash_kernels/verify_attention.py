@@ -354,6 +354,9 @@ class VerifyConfig:
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
     teams: bool = False
+    # with teams: hold each latent's rope part as one 128-byte line of shared memory (a candidate,
+    # session 14, built and not yet run: verify_teams.py's ROPE_LINES)
+    rope_lines: bool = False
     # merge kernel (output columns per program, partials loaded at once); None: chosen from the
     # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
@@ -365,6 +368,9 @@ class VerifyConfig:
         if (self.s_cols != 256 or self.q_regs) and not self.warp_specialized:
             raise ValueError("VerifyConfig: s_cols and q_regs shape sm_90's warp-specialised kernel; set "
                              "warp_specialized=True (and gluon=True) or leave them at 256 and 0")
+        if self.rope_lines and not self.teams:
+            raise ValueError("VerifyConfig: rope_lines shapes sm_120's two-team kernel; set mma2=True and teams=True "
+                             "or leave it False")
         if self.q_regs and self.s_cols != 128:
             raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
                              "registers left for Q (it spills)")
@@ -469,7 +475,8 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.mma2 and cfg.teams and not fp8_pool:
         verify_teams = importlib.import_module(".verify_teams", __package__)
-        return verify_teams._verify_split_kernel_teams, const, {**opts, "num_warps": verify_teams.TEAM_WARPS}
+        return (verify_teams._verify_split_kernel_teams, {**const, "ROPE_LINES": cfg.rope_lines},
+                {**opts, "num_warps": verify_teams.TEAM_WARPS})
     if cfg.mma2:
         verify_mma2 = importlib.import_module(".verify_mma2", __package__)
         return verify_mma2._verify_split_kernel_mma2, const, opts

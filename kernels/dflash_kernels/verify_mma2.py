@@ -86,11 +86,15 @@ def _block_cols(W: gl.constexpr, L3: gl.constexpr):
 
 
 # The copy helpers below take the copies' layouts (NR, RR: [4, rows, 128] and [4, rows, 16]),
-# this kernel's 8-warp ones by default; verify_teams.py's loader passes its 2-warp ones.
+# this kernel's 8-warp ones by default; verify_teams.py's loader passes its 2-warp ones (and an RR
+# of [rows, 64] for its rope lines).
 @gluon.constexpr_function
-def _row_layout(L3):
-    """The layout of a row vector (one value a row) of copy layout L3."""
-    return gl.SliceLayout(0, gl.SliceLayout(2, L3))
+def _row_layout(L):
+    """The layout of a row vector (one value a row) of copy layout L: [4, rows, W] blocks, or
+    [rows, W] (verify_teams.py's rope copies)."""
+    if len(L.size_per_thread) == 2:
+        return gl.SliceLayout(1, L)
+    return gl.SliceLayout(0, gl.SliceLayout(2, L))
 
 
 @gluon.jit

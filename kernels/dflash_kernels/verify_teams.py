@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
 
 from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 from .verify_gluon import _online_softmax_step
-from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _blocks, _copy_rows, _q_starts, _row_starts, _s_of, _slots
+from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _block_cols, _blocks, _q_starts, _row_starts, _s_of, _slots
 
 TEAM_ROWS = gl.constexpr(16)
 TEAM_WARPS = 4  # the launch's num_warps: team 0, the default partition (team 1 and the loader come on top)
@@ -53,14 +53,22 @@ PT_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=OT_L, k_width=2)
 KEY_S = gl.constexpr(gl.SliceLayout(0, S_L))
 ROW_S = gl.constexpr(gl.SliceLayout(1, S_L))
 ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
-# the loader's row copies [column group, row, column] over its 2 warps, 8 values a thread: each
-# 16 lanes copy 256 bytes of one row of a block ([4, 32, 128]), each 2 lanes 32 bytes of the rope
-# part ([4, 32, 16]); verify_mma2.py's copy helpers take them. (ncu counts the rope copies 4x
-# their ideal shared-memory wavefronts: each 8 lanes fill 32-byte pieces of 4 gathered rows.
-# Copying 16 rows of one block a warp instead left the count as it was: session 13.)
+# The loader's row copies over its 2 warps, 8 values a thread: each 16 lanes copy 256 bytes of one
+# row of a nope block ([4, 32, 128]). The rope part, as verify_mma2.py holds it (four [32, 16]
+# blocks), each 2 lanes 32 bytes of a block's row ([4, 32, 16]). ncu counts those copies at 4x
+# their ideal shared-memory wavefronts, where each 8 lanes gather 32 bytes of 4 rows; the nope
+# copies, 256 bytes of one row a 16 lanes, take none excess. The counts fit one wavefront for each
+# line of the pool 8 lanes gather from (copying 16 rows of one block a warp, still 4 rows an 8
+# lanes, left the count as it was: session 13).
 LOADER_WARPS = gl.constexpr(2)
 NOPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, 2, 1], [2, 1, 0]))
 ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 2, 1], [2, 1, 0]))
+# ROPE_LINES (a candidate, session 14; built, not yet run): a K buffer holds the rope part as
+# [32, 64], one 128-byte row a latent with its 16-byte pieces swizzled over 8 rows (KPL_SH), so
+# that each 8 lanes copy one whole line of the pool ([32, 64]); S^T reads the same bytes as four
+# 16-column blocks through a linear layout (_rope_view).
+ROPE_LINES_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [2, 1], [1, 0]))
+KPL_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
 # a team's S^T partial sums: fp32 rows of 64 bytes, two a 128-byte line
 SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
 SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [2, 1, 0]))
@@ -77,33 +85,83 @@ TEAMS_REGS = gl.constexpr(232)
 LOADER_REGS = gl.constexpr(56)
 
 
+@gluon.constexpr_function
+def rope_lines_layout(rows):
+    """The layout of _rope_view's [4, rows, 16] view of a rope part held as lines: (g, r, c) is
+    value 16g + c of row r in KPL_SH, whose row r holds its 16-byte piece p at p ^ (r % 8).
+    The swizzle is linear over the bits of an offset, so the view is a linear layout: the
+    coordinates each offset bit stands for."""
+    bases = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [1, 0, 0], [2, 0, 0]]  # in a row: p = 2g + c // 8
+    for i in range(rows.bit_length() - 1):
+        flipped = bases[3 + i] if i < 3 else [0, 0, 0]  # row bit i < 3 flips piece bit i
+        bases.append([flipped[0], 1 << i, flipped[2]])
+    return gl.SharedLinearLayout(offset_bases=bases)
+
+
+@gluon.constexpr_function
+def _rope_copies(rope_lines):
+    """The loader's layout of the rope part's copies."""
+    return ROPE_LINES_ROWS.value if rope_lines else ROPE_ROWS.value
+
+
 @gluon.jit
-def _copy_counted(kn_buf, kp_buf, bar, starts):
+def _rope_view(kp_buf, ROPE_LINES: gl.constexpr):
+    """A K buffer's rope part as S^T's four 16-column blocks [4, rows, 16]."""
+    if ROPE_LINES:
+        view = kp_buf._reinterpret(kp_buf.dtype, [4, kp_buf.shape[0], 16], rope_lines_layout(kp_buf.shape[0]))
+    else:
+        view = _blocks(kp_buf, KP3_SH)
+    return view
+
+
+@gluon.jit
+def _team_rope_view(kp_buf, TEAM: gl.constexpr, ROPE_LINES: gl.constexpr):
+    """The team's 16 rows of a K buffer's rope part (Q's) as [4, 16, 16] (a linear layout's view
+    is taken of the rows, as Gluon cannot slice it)."""
+    if ROPE_LINES:
+        view = _rope_view(kp_buf.slice(TEAM * TEAM_ROWS, TEAM_ROWS), True)
+    else:
+        view = _rope_view(kp_buf, False).slice(TEAM * TEAM_ROWS, TEAM_ROWS, dim=1)
+    return view
+
+
+@gluon.jit
+def _copy_counted(kn_buf, kp_buf, bar, starts, ROPE_LINES: gl.constexpr):
     """cp.async of 32 rows of 576 values (starts: their first values, in the loader's layouts)
-    into a K buffer's column blocks, counted on bar as they land."""
-    _copy_rows(_blocks(kn_buf, KN3_SH), _blocks(kp_buf, KP3_SH), starts, NOPE_ROWS, ROPE_ROWS)
+    into a K buffer, counted on bar as they land."""
+    starts_n, starts_r = starts
+    cp.async_copy_global_to_shared(_blocks(kn_buf, KN3_SH), starts_n[None, :, None] + _block_cols(128, NOPE_ROWS))
+    if ROPE_LINES:
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ROPE_LINES_ROWS))
+        cp.async_copy_global_to_shared(kp_buf, starts_r[:, None] + 512 + cols[None, :])
+    else:
+        cp.async_copy_global_to_shared(_blocks(kp_buf, KP3_SH),
+                                       starts_r[None, :, None] + 512 + _block_cols(16, ROPE_ROWS))
     cp.mbarrier_arrive(bar, increment_count=False)
 
 
 @gluon.jit
 def _loader(kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, stride_qh, idx_ptr, k_base, k_stride,
-            qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr):
+            qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr,
+            ROPE_LINES: gl.constexpr):
     """Q into K buffer 1, tile 0 into buffer 0, then tile j into buffer j % 2 once both teams are
     done with tile j - 2 (with Q for j = 1). A tile's slot indices are loaded one tile ahead, so
     their latency is not on the way from a free buffer to its copies."""
-    slots_nx = _slots(idx_ptr, lo, hi, is_draft, BLOCK_N, NOPE_ROWS, ROPE_ROWS)
+    RR: gl.constexpr = _rope_copies(ROPE_LINES)
+    slots_nx = _slots(idx_ptr, lo, hi, is_draft, BLOCK_N, NOPE_ROWS, RR)
     _copy_counted(kn_smem.index(1), kp_smem.index(1), q_ready,
-                  _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, 32, NOPE_ROWS, ROPE_ROWS))
+                  _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, 32, NOPE_ROWS, RR), ROPE_LINES)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     for j in range(n_tiles):
         buf = j % 2
         n0 = lo + j * BLOCK_N
         slots = slots_nx
-        slots_nx = _slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N, NOPE_ROWS, ROPE_ROWS)
+        slots_nx = _slots(idx_ptr, n0 + BLOCK_N, hi, is_draft, BLOCK_N, NOPE_ROWS, RR)
         mbarrier.wait(q_done, 0, pred=j == 1)
         mbarrier.wait(kfree.index(buf), ((j - 2) // 2) & 1, pred=j > 1)
         _copy_counted(kn_smem.index(buf), kp_smem.index(buf), ready.index(buf),
-                      _row_starts(slots, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N, NOPE_ROWS, ROPE_ROWS))
+                      _row_starts(slots, k_base, k_stride, qo_start, n0, hi, is_draft, BLOCK_N, NOPE_ROWS, RR),
+                      ROPE_LINES)
 
 
 @gluon.jit
@@ -119,7 +177,7 @@ def _store_block(stage, o, ptrs, ok):
 def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done,
           idx_ptr, qo_start, pid_m, n_rows, lo, hi, is_draft,
           TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
-          NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr):
+          NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, ROPE_LINES: gl.constexpr):
     """Team TEAM's 16 rows over latents lo .. hi, and their partial result."""
     sp_smem = sp_all.index(TEAM)
     pt_smem = pt_all.index(TEAM)
@@ -127,7 +185,7 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     mbarrier.wait(q_ready, 0)
     q_view = _blocks(kn_smem.index(1), KN3_SH).slice(TEAM * TEAM_ROWS, TEAM_ROWS, dim=1)
-    qp_view = _blocks(kp_smem.index(1), KP3_SH).slice(TEAM * TEAM_ROWS, TEAM_ROWS, dim=1)
+    qp_view = _team_rope_view(kp_smem.index(1), TEAM, ROPE_LINES)
     qt_n = q_view.permute((0, 2, 1)).load(Q3_B)
     qt_r = qp_view.permute((0, 2, 1)).load(Q3_B)
     gl.thread_barrier()  # (this team's warps)
@@ -150,7 +208,7 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
         kp = kp_smem.index(buf)
         mbarrier.wait(ready.index(buf), (j // 2) & 1)
         s3 = mma_v2(_blocks(kn, KN3_SH).load(K3_A), qt_n, gl.zeros([4, BLOCK_N, TEAM_ROWS], gl.float32, layout=ST3_L))
-        s3 = mma_v2(_blocks(kp, KP3_SH).load(K3_A), qt_r, s3)
+        s3 = mma_v2(_rope_view(kp, ROPE_LINES).load(K3_A), qt_r, s3)
         _blocks(sp_smem, SP3_SH).store(s3)
         gl.thread_barrier()  # this team's partial sums are in
         s = (_s_of(sp_smem, 0, BLOCK_N, S_L) + _s_of(sp_smem, 1, BLOCK_N, S_L)) + \
@@ -198,6 +256,7 @@ def _verify_split_kernel_teams(
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
+    ROPE_LINES: gl.constexpr = False,
 ):
     gl.static_assert(BLOCK_M == 32)
     gl.static_assert(BLOCK_N == 32)
@@ -221,7 +280,10 @@ def _verify_split_kernel_teams(
     o_scale = gl.where(is_draft, 1.0, v_scale)
 
     kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 4 * BLOCK_N, 128], KN_SH)
-    kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 4 * BLOCK_N, 16], KP_SH)
+    if ROPE_LINES:
+        kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], KPL_SH)
+    else:
+        kp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 4 * BLOCK_N, 16], KP_SH)
     # each team's S^T partial sums, P^T and row scales
     sp_all = gl.allocate_shared_memory(gl.float32, [2, 4 * BLOCK_N, TEAM_ROWS], SP_SH)
     pt_all = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, TEAM_ROWS], PT_SH)
@@ -242,10 +304,10 @@ def _verify_split_kernel_teams(
     gl.warp_specialize([
         (_team, (0, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
                  n_rows, lo, hi, is_draft, TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
-                 NUM_HEADS, BLOCK_N)),
+                 NUM_HEADS, BLOCK_N, ROPE_LINES)),
         (_team, (1, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
                  n_rows, lo, hi, is_draft, TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
-                 NUM_HEADS, BLOCK_N)),
+                 NUM_HEADS, BLOCK_N, ROPE_LINES)),
         (_loader, (kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, stride_qh, idx_ptr, k_base,
-                   k_stride, qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS, BLOCK_N)),
+                   k_stride, qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS, BLOCK_N, ROPE_LINES)),
     ], [4, LOADER_WARPS], [TEAMS_REGS, LOADER_REGS])

@@ -258,6 +258,63 @@ def test_two_team_epilogue_meets_no_bank_twice():
         build(teams.SP_SH, False)
 
 
+def _swizzled_offset(layout, row, col, row_len):
+    """Element offset of (row, col) in a 2-D SwizzledSharedLayout, by Triton's definition: the
+    vec-element piece p of row r sits at p ^ ((r // per_phase) % max_phase)."""
+    piece = (col // layout.vec) ^ ((row // layout.per_phase) % layout.max_phase)
+    return row * row_len + piece * layout.vec + col % layout.vec
+
+
+@pytest.mark.parametrize("rows", [16, 32])
+def test_rope_lines_view_reads_the_copied_bytes(rows):
+    """The candidate's S^T view of a rope part held as lines (verify_teams.py, rope_lines_layout:
+    [4, rows, 16], a linear layout) finds value 16g + c of row r where the loader's copy into the
+    swizzled [rows, 64] buffer (KPL_SH) put it, for every element; 16 rows is a team's Q view."""
+    bases = teams.rope_lines_layout(rows).offset_bases
+    assert len(bases) == (rows * 64).bit_length() - 1
+    seen = set()
+    for offset in range(rows * 64):
+        g, r, c = 0, 0, 0
+        for bit, (bg, br, bc) in enumerate(bases):
+            if offset >> bit & 1:
+                g, r, c = g ^ bg, r ^ br, c ^ bc
+        assert _swizzled_offset(teams.KPL_SH.value, r, 16 * g + c, 64) == offset
+        seen.add((g, r, c))
+    assert len(seen) == rows * 64
+
+
+@gluon.jit
+def _rope_lines_banks():
+    """Compiles only if S^T's and Q's loads through the rope lines' views meet no bank twice."""
+    buf = gl.allocate_shared_memory(gl.bfloat16, [32, 64], teams.KPL_SH)
+    gl.static_assert(gl.bank_conflicts(gl.zeros([4, 32, 16], gl.bfloat16, teams.K3_A).type,
+                                       teams._rope_view(buf, True).type) == 0)
+    q_view = teams._team_rope_view(buf, 1, True).permute((0, 2, 1))
+    gl.static_assert(gl.bank_conflicts(gl.zeros([4, 16, 16], gl.bfloat16, teams.Q3_B).type, q_view.type) == 0)
+
+
+def test_rope_lines_candidate_builds_for_sm120(tmp_path):
+    """The candidate (session 14, not yet run on a GPU) builds for sm_120a as the shipped teams
+    kernel does: no spill, the same shared memory, the same ldmatrix and copy counts (it moves
+    bytes, not work), and its views' loads meet no bank twice."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    triton.compile(GluonASTSource(fn=_rope_lines_banks, signature={}, constexprs={}),
+                   target=GPUTarget("cuda", 120, 32), options={"num_warps": teams.TEAM_WARPS})
+    counts = {}
+    for lines in (False, True):
+        cfg = va.VerifyConfig(32, 32, 8, 2, mma2=True, teams=True, rope_lines=lines)
+        fn, const, opts = va.split_kernel(cfg, 8)
+        assert const["ROPE_LINES"] is lines
+        k = aot.compile_one(fn, aot.split_signature(fn), const, 120, opts)
+        cubin = tmp_path / f"teams{int(lines)}.cubin"
+        cubin.write_bytes(k.asm["cubin"])
+        usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
+        assert re.search(r"STACK:0 .*LOCAL:0", usage.stdout), usage.stdout
+        sass = _sass(cubin)
+        counts[lines] = (k.metadata.shared, len(re.findall(r"\bLDSM\.", sass)), len(re.findall(r"\bLDGSTS\.", sass)))
+    assert counts[True] == counts[False] and counts[False][1] > 0 and counts[False][2] > 0, counts
+
+
 def test_archs_before_sm89_build_no_fp8_kernels():
     """Triton has no e4m3 before sm_89, and the launcher refuses fp8 pools there: an sm_80 build
     and its check leave them out instead of failing."""

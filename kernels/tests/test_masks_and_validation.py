@@ -175,6 +175,8 @@ def test_sm90_layout_fields_are_checked(fields, message):
     with pytest.raises(ValueError, match="warp_specialized=True"):
         va.VerifyConfig(32, 32, 8, 2, mma2=True, s_cols=128)
     assert va.VerifyConfig(**base, s_cols=128, q_regs=2).q_regs == 2
+    with pytest.raises(ValueError, match="teams=True"):  # the rope lines are the two-team kernel's
+        va.VerifyConfig(32, 32, 8, 2, mma2=True, rope_lines=True)
 
 
 def test_merge_tile_holds_the_mean_partials():
