@@ -79,6 +79,10 @@ VARIANTS = {
     # session 14 (built, not yet run): the teams' rope part held as one 128-byte line a latent,
     # so that each 8 lanes of the loader copy one line of the pool (verify_teams.py, ROPE_LINES)
     "sm120-teams-lines": V(32, 32, 8, 2, mma2=True, teams=True, rope_lines=True),
+    # and the partial sums of S^T in an XOR layout that no store or load meets a bank twice in
+    # (verify_teams.py, SUMS_XOR), alone and with the rope lines
+    "sm120-teams-xor": V(32, 32, 8, 2, mma2=True, teams=True, sums_xor=True),
+    "sm120-teams-lines-xor": V(32, 32, 8, 2, mma2=True, teams=True, rope_lines=True, sums_xor=True),
     # tiles small enough for two programs an SM on sm_120 too (under 50 KB and 32 K registers)
     "sm120-m16n16w4-w2": V(16, 16, 4, 2, waves=2.0),
     "sm120-m16n16w4s3-w2": V(16, 16, 4, 3, waves=2.0),

@@ -357,6 +357,9 @@ class VerifyConfig:
     # with teams: hold each latent's rope part as one 128-byte line of shared memory (a candidate,
     # session 14, built and not yet run: verify_teams.py's ROPE_LINES)
     rope_lines: bool = False
+    # with teams: S^T's partial sums in a layout without bank conflicts (a candidate, session 14,
+    # built and not yet run: verify_teams.py's SUMS_XOR)
+    sums_xor: bool = False
     # merge kernel (output columns per program, partials loaded at once); None: chosen from the
     # split count and the batch (merge_tile)
     merge_tile: tuple[int, int] | None = None
@@ -368,9 +371,9 @@ class VerifyConfig:
         if (self.s_cols != 256 or self.q_regs) and not self.warp_specialized:
             raise ValueError("VerifyConfig: s_cols and q_regs shape sm_90's warp-specialised kernel; set "
                              "warp_specialized=True (and gluon=True) or leave them at 256 and 0")
-        if self.rope_lines and not self.teams:
-            raise ValueError("VerifyConfig: rope_lines shapes sm_120's two-team kernel; set mma2=True and teams=True "
-                             "or leave it False")
+        if (self.rope_lines or self.sums_xor) and not self.teams:
+            raise ValueError("VerifyConfig: rope_lines and sums_xor shape sm_120's two-team kernel; set mma2=True "
+                             "and teams=True or leave them False")
         if self.q_regs and self.s_cols != 128:
             raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
                              "registers left for Q (it spills)")
@@ -475,7 +478,7 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.mma2 and cfg.teams and not fp8_pool:
         verify_teams = importlib.import_module(".verify_teams", __package__)
-        return (verify_teams._verify_split_kernel_teams, {**const, "ROPE_LINES": cfg.rope_lines},
+        return (verify_teams._verify_split_kernel_teams, {**const, "ROPE_LINES": cfg.rope_lines, "SUMS_XOR": cfg.sums_xor},
                 {**opts, "num_warps": verify_teams.TEAM_WARPS})
     if cfg.mma2:
         verify_mma2 = importlib.import_module(".verify_mma2", __package__)

@@ -72,6 +72,17 @@ KPL_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
 # a team's S^T partial sums: fp32 rows of 64 bytes, two a 128-byte line
 SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
 SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [2, 1, 0]))
+# SUMS_XOR (a candidate, session 14; built, not yet run): the partial sums [4, 32 latents, 16 rows]
+# in a linear (XOR) layout where neither the mma fragments' 64-bit stores nor the softmax's loads
+# meet a bank twice. In SP3_SH a store takes 2 wavefronts where 1 would do (ncu, session 13: 2.17 M
+# excess at 128k, t = 16), and no swizzle of that kind keeps the loads free too. Here the bank of
+# (latent l, row n) is the word (n0, n1, l0, l1, n2 ^ l2): a store's half-warp spans n0-n2 and
+# l0-l1, a load's warp n0-n1 and l0-l2. Each entry: the [group, latent, row] an offset bit is.
+SP_XOR = gl.constexpr(gl.SharedLinearLayout(offset_bases=[
+    [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 2, 0], [0, 0, 4], [0, 4, 4], [0, 0, 8], [0, 8, 0], [0, 16, 0], [1, 0, 0],
+    [2, 0, 0]]))
+# ... loaded as [4, rows, latents] with a thread's four groups in its registers: summed, S_L
+S4_L = gl.constexpr(gl.BlockedLayout([4, 1, 1], [1, 4, 8], [1, 4, 1], [0, 2, 1]))
 PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [1, 0]))  # P^T: rows of 32 bytes, four a line
 # the partial output's store: a warp writes 128 consecutive columns of one row
 ST_BL = gl.constexpr(gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1]))
@@ -165,6 +176,22 @@ def _loader(kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, strid
 
 
 @gluon.jit
+def _summed_scores(sp_smem, s3, SUMS_XOR: gl.constexpr, BLOCK_N: gl.constexpr):
+    """S (rows x latents, in S_L) from S^T's four partial sums s3, through the team's buffer."""
+    if SUMS_XOR:
+        sp3 = sp_smem._reinterpret(gl.float32, [4, BLOCK_N, TEAM_ROWS], SP_XOR)
+        sp3.store(s3)
+        gl.thread_barrier()  # this team's partial sums are in
+        s = gl.convert_layout(gl.sum(sp3.permute((0, 2, 1)).load(S4_L), axis=0), S_L)
+    else:
+        _blocks(sp_smem, SP3_SH).store(s3)
+        gl.thread_barrier()
+        s = (_s_of(sp_smem, 0, BLOCK_N, S_L) + _s_of(sp_smem, 1, BLOCK_N, S_L)) + \
+            (_s_of(sp_smem, 2, BLOCK_N, S_L) + _s_of(sp_smem, 3, BLOCK_N, S_L))
+    return s
+
+
+@gluon.jit
 def _store_block(stage, o, ptrs, ok):
     """A [128, 16] block of O^T to ptrs, through the team's buffer stage (free on entry)."""
     stage.store(o)
@@ -177,7 +204,7 @@ def _store_block(stage, o, ptrs, ok):
 def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done,
           idx_ptr, qo_start, pid_m, n_rows, lo, hi, is_draft,
           TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
-          NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, ROPE_LINES: gl.constexpr):
+          NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, ROPE_LINES: gl.constexpr, SUMS_XOR: gl.constexpr):
     """Team TEAM's 16 rows over latents lo .. hi, and their partial result."""
     sp_smem = sp_all.index(TEAM)
     pt_smem = pt_all.index(TEAM)
@@ -209,10 +236,7 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
         mbarrier.wait(ready.index(buf), (j // 2) & 1)
         s3 = mma_v2(_blocks(kn, KN3_SH).load(K3_A), qt_n, gl.zeros([4, BLOCK_N, TEAM_ROWS], gl.float32, layout=ST3_L))
         s3 = mma_v2(_rope_view(kp, ROPE_LINES).load(K3_A), qt_r, s3)
-        _blocks(sp_smem, SP3_SH).store(s3)
-        gl.thread_barrier()  # this team's partial sums are in
-        s = (_s_of(sp_smem, 0, BLOCK_N, S_L) + _s_of(sp_smem, 1, BLOCK_N, S_L)) + \
-            (_s_of(sp_smem, 2, BLOCK_N, S_L) + _s_of(sp_smem, 3, BLOCK_N, S_L))
+        s = _summed_scores(sp_smem, s3, SUMS_XOR, BLOCK_N)
         p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i,
                                                   BLOCK_N, KEY_S)
         pt_smem.permute((1, 0)).store(p.to(gl.bfloat16))
@@ -257,6 +281,7 @@ def _verify_split_kernel_teams(
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     ROPE_LINES: gl.constexpr = False,
+    SUMS_XOR: gl.constexpr = False,
 ):
     gl.static_assert(BLOCK_M == 32)
     gl.static_assert(BLOCK_N == 32)
@@ -304,10 +329,10 @@ def _verify_split_kernel_teams(
     gl.warp_specialize([
         (_team, (0, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
                  n_rows, lo, hi, is_draft, TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
-                 NUM_HEADS, BLOCK_N, ROPE_LINES)),
+                 NUM_HEADS, BLOCK_N, ROPE_LINES, SUMS_XOR)),
         (_team, (1, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
                  n_rows, lo, hi, is_draft, TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
-                 NUM_HEADS, BLOCK_N, ROPE_LINES)),
+                 NUM_HEADS, BLOCK_N, ROPE_LINES, SUMS_XOR)),
         (_loader, (kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, stride_qh, idx_ptr, k_base,
                    k_stride, qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS, BLOCK_N, ROPE_LINES)),
     ], [4, LOADER_WARPS], [TEAMS_REGS, LOADER_REGS])

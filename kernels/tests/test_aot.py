@@ -284,35 +284,55 @@ def test_rope_lines_view_reads_the_copied_bytes(rows):
 
 
 @gluon.jit
-def _rope_lines_banks():
-    """Compiles only if S^T's and Q's loads through the rope lines' views meet no bank twice."""
+def _candidate_layout_banks(SUMS: gl.constexpr):
+    """Compiles only if the candidates' layouts meet no bank twice: S^T's and Q's loads through
+    the rope lines' views; the partial sums' stores from the mma fragments and the softmax's
+    loads, in layout SUMS."""
     buf = gl.allocate_shared_memory(gl.bfloat16, [32, 64], teams.KPL_SH)
     gl.static_assert(gl.bank_conflicts(gl.zeros([4, 32, 16], gl.bfloat16, teams.K3_A).type,
                                        teams._rope_view(buf, True).type) == 0)
     q_view = teams._team_rope_view(buf, 1, True).permute((0, 2, 1))
     gl.static_assert(gl.bank_conflicts(gl.zeros([4, 16, 16], gl.bfloat16, teams.Q3_B).type, q_view.type) == 0)
+    sums = gl.allocate_shared_memory(gl.float32, [4, 32, 16], SUMS)
+    gl.static_assert(gl.bank_conflicts(gl.zeros([4, 32, 16], gl.float32, teams.ST3_L).type, sums.type) == 0)
+    gl.static_assert(gl.bank_conflicts(gl.zeros([4, 16, 32], gl.float32, teams.S4_L).type,
+                                       sums.permute((0, 2, 1)).type) == 0)
 
 
-def test_rope_lines_candidate_builds_for_sm120(tmp_path):
-    """The candidate (session 14, not yet run on a GPU) builds for sm_120a as the shipped teams
-    kernel does: no spill, the same shared memory, the same ldmatrix and copy counts (it moves
-    bytes, not work), and its views' loads meet no bank twice."""
+def test_candidate_layouts_meet_no_bank_twice():
+    """Session 14's candidates for the teams, by Gluon's own count; the shipped partial sums
+    (SP3_SH) fail it: their stores took 2 wavefronts where 1 would do under ncu (session 13)."""
     from triton.experimental.gluon._runtime import GluonASTSource
-    triton.compile(GluonASTSource(fn=_rope_lines_banks, signature={}, constexprs={}),
-                   target=GPUTarget("cuda", 120, 32), options={"num_warps": teams.TEAM_WARPS})
+
+    def build(sums):
+        src = GluonASTSource(fn=_candidate_layout_banks, signature={"SUMS": "constexpr"}, constexprs={"SUMS": sums})
+        return triton.compile(src, target=GPUTarget("cuda", 120, 32), options={"num_warps": teams.TEAM_WARPS})
+
+    build(teams.SP_XOR)
+    with pytest.raises(Exception, match="static_assert|Assert"):
+        build(teams.SP3_SH)
+
+
+def test_teams_candidates_build_for_sm120(tmp_path):
+    """The candidates (session 14, not yet run on a GPU) build for sm_120a as the shipped teams
+    kernel does: no spill, the same shared memory, the same counts of shared-memory loads and
+    stores, ldmatrix, copies and mma (they move bytes, not work)."""
     counts = {}
-    for lines in (False, True):
-        cfg = va.VerifyConfig(32, 32, 8, 2, mma2=True, teams=True, rope_lines=lines)
+    for lines, xor in ((False, False), (True, False), (False, True), (True, True)):
+        cfg = va.VerifyConfig(32, 32, 8, 2, mma2=True, teams=True, rope_lines=lines, sums_xor=xor)
         fn, const, opts = va.split_kernel(cfg, 8)
-        assert const["ROPE_LINES"] is lines
+        assert (const["ROPE_LINES"], const["SUMS_XOR"]) == (lines, xor)
         k = aot.compile_one(fn, aot.split_signature(fn), const, 120, opts)
-        cubin = tmp_path / f"teams{int(lines)}.cubin"
+        cubin = tmp_path / f"teams{int(lines)}{int(xor)}.cubin"
         cubin.write_bytes(k.asm["cubin"])
         usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
         assert re.search(r"STACK:0 .*LOCAL:0", usage.stdout), usage.stdout
         sass = _sass(cubin)
-        counts[lines] = (k.metadata.shared, len(re.findall(r"\bLDSM\.", sass)), len(re.findall(r"\bLDGSTS\.", sass)))
-    assert counts[True] == counts[False] and counts[False][1] > 0 and counts[False][2] > 0, counts
+        ops = [len(re.findall(rf"\b{op}\b", sass)) for op in (r"LDS(\.\w+)?", r"STS(\.\w+)?", r"LDSM\.\S+",
+                                                                  r"LDGSTS\.\S+", r"HMMA\.\S+")]
+        assert all(ops), ops
+        counts[lines, xor] = (k.metadata.shared, *ops)
+    assert len(set(counts.values())) == 1, counts
 
 
 def test_archs_before_sm89_build_no_fp8_kernels():

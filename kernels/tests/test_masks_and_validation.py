@@ -175,8 +175,9 @@ def test_sm90_layout_fields_are_checked(fields, message):
     with pytest.raises(ValueError, match="warp_specialized=True"):
         va.VerifyConfig(32, 32, 8, 2, mma2=True, s_cols=128)
     assert va.VerifyConfig(**base, s_cols=128, q_regs=2).q_regs == 2
-    with pytest.raises(ValueError, match="teams=True"):  # the rope lines are the two-team kernel's
-        va.VerifyConfig(32, 32, 8, 2, mma2=True, rope_lines=True)
+    for teams_only in ("rope_lines", "sums_xor"):  # layouts of the two-team kernel's
+        with pytest.raises(ValueError, match="teams=True"):
+            va.VerifyConfig(32, 32, 8, 2, mma2=True, **{teams_only: True})
 
 
 def test_merge_tile_holds_the_mean_partials():
