@@ -68,13 +68,18 @@ def values_in_file(path: Path) -> TunedValues:
     return values_in(read_env(path), str(path))
 
 
+def _one_line(text: str) -> str:
+    """Free text for a comment line: a newline in it would start a live line of the file."""
+    return " ".join(str(text).split())
+
+
 def render_overrides(values: TunedValues, env_file: Path, written_by: str, reason: str) -> str:
     return render("sglang-override.env.j2", {
         **dataclasses.asdict(values),
         "env_file": env_file,
         "written_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "written_by": written_by,
-        "reason": reason,
+        "written_by": _one_line(written_by),
+        "reason": _one_line(reason),
     })
 
 

@@ -9,11 +9,13 @@ appended to the history file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -22,7 +24,8 @@ from opsctl import journal, oom, planner
 from opsctl.config import NodeConfig
 from opsctl.locking import engine_lock
 from opsctl.model_shapes import preset
-from opsctl.overrides import TunedValues, render_overrides, validate, values_in_file, write_override_text
+from opsctl.overrides import TunedValues, render_overrides, validate, values_in, values_in_file, write_override_text
+from opsctl.render import parse_env_file
 from opsctl.state import actor, append_record, read_records
 from opsctl.systemd import unit_state
 
@@ -37,6 +40,13 @@ PHASES = [
 FATAL_MARKERS = ("Scheduler hit an exception", "Received sigquit", "SIGQUIT received",
                  "error: unrecognized arguments", "error: ambiguous option", "error: argument",
                  "Loaded weights leave no GPU memory")
+
+
+# The planner check calibrates from the engine's last start in the journal: the unit's latest
+# lines are enough (a day of SGLang's decode logs is well under this), and a slow journal must not
+# hold a restart (or the guard) up.
+PLANNER_JOURNAL_LINES = 200_000
+PLANNER_JOURNAL_TIMEOUT_S = 60
 
 
 def history_file(config: NodeConfig) -> Path:
@@ -177,30 +187,67 @@ class RestartAbandoned(click.ClickException):
     """The restart stopped after the new override file was written: that file is back as it was."""
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP (a closed ssh session) during a restart: unwinds like Ctrl-C, so the
+    previous override file is put back and the history says so."""
+
+
+@contextlib.contextmanager
+def terminations_unwind() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into `Terminated` for the block (their default ends the process
+    at once, leaving the new override file and no outcome in the history)."""
+    def unwind(signum, _frame):
+        raise Terminated(signal.Signals(signum).name)
+    previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _why(error: BaseException) -> str:
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(error, Terminated):
+        return f"terminated by {error}"
+    return f"{type(error).__name__}: {error}"
+
+
+def _unfollowed(error: BaseException) -> bool:
+    """An error that stops a start from being followed: Ctrl-C, a signal, or any failure."""
+    return isinstance(error, (Exception, KeyboardInterrupt, Terminated))
+
+
 def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseException) -> None:
     """Put the previous override file back and record why, when a restart cannot be followed to its
     end. No second start: the unit runs what systemd last started (the new values, if the restart
     went through) until its next start, which reads the restored file."""
     write_override_text(config.override_env_file, old_text)
-    why = "interrupted" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
+    why = _why(error)
     append_record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
                                          "override_restored": True, **change})
-    if isinstance(error, Exception):  # (a KeyboardInterrupt goes on as it is)
+    if _unfollowed(error):
         raise RestartAbandoned(
-            f"the restart could not be followed ({why}); the previous override file is restored. "
-            f"Check `systemctl status {config.unit}` and run `opsctl status`; restart again once the "
-            f"cause is fixed") from error
+            f"the restart could not be followed ({why}); the previous override file is restored, but the "
+            f"engine may run the new values until its next start. Check `systemctl status {config.unit}` "
+            f"and run `opsctl status`; restart again once the cause is fixed") from error
 
 
 def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: bool, budget_s: float,
             wait_lock_s: float, progress: ProgressCallback, replace: bool = False,
-            journal_lines: Callable[[], list[str]] = lambda: []) -> RestartOutcome:
-    """Apply `requested` over the current overrides (or instead of them with `replace`) and restart."""
+            journal_lines: Callable[[], list[str]] = lambda: [], rollback_text: str | None = None) -> RestartOutcome:
+    """Apply `requested` over the current overrides (or instead of them with `replace`) and restart.
+
+    A failed start rolls back to the override file as it is now, or to `rollback_text`: the guard
+    passes the file as it was before a step that a kill interrupted after writing it."""
     validate(requested)
     ansible = values_in_file(config.env_file)
     with engine_lock(config.state_dir, f"{actor()}: restart", wait_lock_s):
         old_text = config.override_env_file.read_text() if config.override_env_file.exists() else ""
-        current = values_in_file(config.override_env_file)
+        if rollback_text is not None:
+            old_text = rollback_text
+        current = values_in(parse_env_file(old_text), str(config.override_env_file))
         overrides = requested if replace else requested.merged_over(current)
         before, after = current.merged_over(ansible), overrides.merged_over(ansible)
         if not force:
@@ -216,7 +263,7 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
                             render_overrides(overrides, config.env_file, actor(), reason))
         try:
             attempt = start_and_wait(config, budget_s, progress)
-        except BaseException as error:  # systemctl or journald failing, a timeout, Ctrl-C
+        except BaseException as error:  # systemctl or journald failing, a timeout, Ctrl-C, SIGTERM
             _abandon(config, old_text, change, error)
             raise
         if attempt.ok:
@@ -228,7 +275,17 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
         write_override_text(config.override_env_file, old_text)
         append_record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
                                 "journal": attempt.journal[-40:], **change})
-        rollback = start_and_wait(config, budget_s, progress)
+        try:
+            rollback = start_and_wait(config, budget_s, progress)
+        except BaseException as error:
+            append_record(history, {"event": "rollback", "outcome": "abandoned", "why": _why(error),
+                                    "actor": actor(), "to": dataclasses.asdict(before)})
+            if _unfollowed(error):
+                raise RestartAbandoned(
+                    f"{attempt.reason}, and the rollback's start could not be followed ({_why(error)}); the "
+                    f"previous override file is in place. Check `systemctl status {config.unit}` and run "
+                    f"`opsctl status`: the engine may be down") from error
+            raise
         append_record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
                                 "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),
                                 "actor": actor(), "to": dataclasses.asdict(before)})

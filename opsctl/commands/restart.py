@@ -1,9 +1,11 @@
 """`opsctl restart` and `opsctl overrides`: change the tuned values through one safe path.
 
 Exit codes: 0 the engine serves on the new values; 1 the change failed and was rolled back
-(the engine serves on the old values again); 2 usage errors or a refusal by the planner;
-3 the change failed and so did the rollback, or the restart could not be followed (systemctl or
-journald failing): the engine may be down, act now (the previous override file is back in place).
+(the engine serves on the old values again); 2 usage errors, a refusal by the planner, another
+change holding the lock, or an interruption before anything changed; 3 the change failed and so
+did the rollback, or the restart could not be followed (systemctl or journald failing, Ctrl-C,
+SIGTERM or SIGHUP once the file was written): the engine may be down, act now (the previous
+override file is back in place).
 """
 
 from __future__ import annotations
@@ -18,7 +20,17 @@ from opsctl.envfiles import effective_config
 from opsctl.oom import read_journal
 from opsctl.output import console, err_console, print_json
 from opsctl.overrides import TunedValues, values_in_file
-from opsctl.restart import RestartAbandoned, RestartOutcome, StartReport, restart, usual_start_seconds
+from opsctl.restart import (
+    PLANNER_JOURNAL_LINES,
+    PLANNER_JOURNAL_TIMEOUT_S,
+    RestartAbandoned,
+    RestartOutcome,
+    StartReport,
+    Terminated,
+    restart,
+    terminations_unwind,
+    usual_start_seconds,
+)
 
 EXIT_ROLLED_BACK, EXIT_REFUSED, EXIT_DOWN = 1, 2, 3
 
@@ -43,13 +55,6 @@ class _Progress:
     def stop(self) -> None:
         if self.status:
             self.status.stop()
-
-
-# The planner check calibrates from the engine's last start in the journal: the unit's latest
-# lines are enough (a day of SGLang's decode logs is well under this), and a slow journal must not
-# hold a restart up.
-PLANNER_JOURNAL_LINES = 200_000
-PLANNER_JOURNAL_TIMEOUT_S = 60
 
 
 def _journal_lines() -> list[str]:
@@ -92,8 +97,10 @@ def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: floa
     progress = _Progress(usual_start_seconds(config))
     err_console.print(f"restarting {config.unit} ({reason})")
     try:
-        outcome = restart(config, requested, reason=reason, force=force, budget_s=budget, wait_lock_s=wait_lock_s,
-                          progress=progress, replace=replace, journal_lines=_journal_lines)
+        with terminations_unwind():
+            outcome = restart(config, requested, reason=reason, force=force, budget_s=budget,
+                              wait_lock_s=wait_lock_s, progress=progress, replace=replace,
+                              journal_lines=_journal_lines)
     except RestartAbandoned as error:  # after the override file was written: not "nothing changed"
         progress.stop()
         error.exit_code = EXIT_DOWN
@@ -102,6 +109,10 @@ def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: floa
         progress.stop()
         error.exit_code = EXIT_REFUSED
         raise
+    except (KeyboardInterrupt, Terminated) as error:  # (once the file is written they are RestartAbandoned)
+        progress.stop()
+        err_console.print(f"interrupted ({error or 'Ctrl-C'}) before anything changed")
+        sys.exit(EXIT_REFUSED)
     progress.stop()
     if json_:
         print_json(_outcome_json(outcome))
@@ -181,12 +192,16 @@ def overrides_clear(no_restart, reason, budget_s, wait_lock_s, json_) -> None:
         from opsctl.state import actor, append_record
 
         config = load_config()
-        with engine_lock(config.state_dir, f"{actor()}: overrides clear", wait_lock_s):
-            write_override_text(config.override_env_file,
-                                render_overrides(TunedValues(), config.env_file, actor(), reason))
-            append_record(config.state_dir / "history.jsonl",
-                          {"event": "overrides-clear", "outcome": "written", "actor": actor(), "reason": reason,
-                           "time_written": time.time()})
+        try:
+            with engine_lock(config.state_dir, f"{actor()}: overrides clear", wait_lock_s):
+                write_override_text(config.override_env_file,
+                                    render_overrides(TunedValues(), config.env_file, actor(), reason))
+                append_record(config.state_dir / "history.jsonl",
+                              {"event": "overrides-clear", "outcome": "written", "actor": actor(),
+                               "reason": reason, "time_written": time.time()})
+        except click.ClickException as error:  # another change holds the lock: refused, as for restart
+            error.exit_code = EXIT_REFUSED
+            raise
         err_console.print("overrides cleared; restart the engine to apply")
         return
     run_restart(TunedValues(), reason, True, budget_s, wait_lock_s, json_, replace=True)

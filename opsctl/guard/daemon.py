@@ -22,7 +22,6 @@ Everything the loop touches on the node sits behind `SystemNode`, so tests drive
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import subprocess
@@ -34,17 +33,20 @@ from typing import Any, Protocol
 import click
 import httpx
 
-from opsctl import journal, oom, planner
+from opsctl import journal, locking, oom, planner
 from opsctl.config import NodeConfig
 from opsctl.guard import policy
 from opsctl.guard.alert import raise_alert
 from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, values_dict, values_from
 from opsctl.overrides import TunedValues, values_in_file
-from opsctl.restart import FATAL_MARKERS, node_plan_inputs, restart
+from opsctl.restart import FATAL_MARKERS, PLANNER_JOURNAL_LINES, PLANNER_JOURNAL_TIMEOUT_S, node_plan_inputs, restart
 from opsctl.startup_log import EngineConfig
 from opsctl.systemd import UnitState, unit_state
 
 TICK_S = 0.2
+# The state file's heartbeat: from its own thread, so that it goes on while a step runs (minutes);
+# `opsctl status` takes a beat older than 30 s for a dead guard.
+HEARTBEAT_S = 2.0
 # After a fatal line, how long to wait for the rest of the traceback before deciding anyway.
 CLASSIFY_GRACE_S = 1.5
 # Unit sub-states in which the engine is dead whatever else is true.
@@ -70,7 +72,8 @@ class Node(Protocol):
     def effective(self) -> TunedValues: ...
     def unit(self) -> UnitState: ...
     def lock_holder(self) -> str | None: ...
-    def apply(self, values: TunedValues, reason: str) -> ApplyResult: ...
+    def apply(self, values: TunedValues, reason: str, rollback_text: str | None = None) -> ApplyResult: ...
+    def override_text(self) -> str: ...
     def lowest_fraction(self) -> float | None: ...
     def wait_settled(self, budget_s: float) -> bool: ...
     def runs(self, values: TunedValues) -> bool: ...
@@ -125,9 +128,7 @@ class Guard:
             if wait > 0:
                 self.store.audit("backoff", seconds=round(wait, 1), next_step=step.why)
                 self.sleep(wait)
-                if self.node.lock_holder():
-                    self.store.audit("deferred", why=f"an engine change started during the backoff "
-                                                     f"({self.node.lock_holder()}); it decides the engine's fate")
+                if self._overtaken(current):
                     return
             result = self.carry_out(step, death, current)
             if result.outcome in ("ok", "deferred"):
@@ -151,10 +152,35 @@ class Guard:
             wait = policy.backoff_s(state["remediations"], self.clock(), self.limits)
             self.store.audit("backoff", seconds=round(wait, 1), next_step="restart as-is (the engine is down)")
             self.sleep(wait)
+            if self._overtaken(current):
+                return
             step = policy.Step(policy.RESTART, policy.AS_IS, current, "the engine is still down: restart as-is")
             result = self.carry_out(step, death, current, blind=False)
             if result.outcome in ("ok", "deferred", "rolled_back"):
                 return
+
+    def _held(self) -> str | None:
+        """Why the guard must not act now (paused or stopped meanwhile), or None."""
+        state = self.store.load()
+        if state["paused"]:
+            return f"the guard was paused by {state['paused'].get('by', '?')}: {state['paused'].get('reason', '')}"
+        if state["status"] == STOPPED:
+            return "the guard was stopped"
+        return None
+
+    def _overtaken(self, decided_on: TunedValues) -> bool:
+        """After a backoff: True (and audited) when the step must not run any more, because the
+        guard was paused or stopped, another change holds the lock, or the config it was decided on
+        changed meanwhile (an operator's restart or `overrides clear`): it would overwrite that."""
+        why = self._held()
+        if why is None and (holder := self.node.lock_holder()):
+            why = f"an engine change started during the backoff ({holder}); it decides the engine's fate"
+        if why is None and (now_in_force := policy.complete(self.node.effective())) != decided_on:
+            why = (f"the config changed during the backoff ({self._words(decided_on)} -> "
+                   f"{self._words(now_in_force)}); the step decided on the old one is dropped")
+        if why is not None:
+            self.store.audit("deferred", why=why)
+        return why is not None
 
     def carry_out(self, step: policy.Step, death: policy.Death, current: TunedValues,
                   blind: bool | None = None) -> ApplyResult:
@@ -168,9 +194,12 @@ class Guard:
             state["remediations"].append(now)
             if blind:
                 state["blind_restarts"].append(now)
+            # (the override file as it is before the step: a guard killed after the step wrote its
+            # file rolls back to this, not to the step's own values, when it finishes the step)
             state["pending"] = {"id": step_id, "phase": "decided", "action": step.action, "rung": step.rung,
                                 "why": step.why, "death": dataclasses.asdict(death), "from": values_dict(current),
-                                "to": values_dict(step.to), "decided_at": now, "attempts": 0, "blind": blind}
+                                "to": values_dict(step.to), "decided_at": now, "attempts": 0, "blind": blind,
+                                "override_before": self.node.override_text()}
             pending = dict(state["pending"])
         self._audit_decision(pending)
         return self._act(pending)
@@ -180,7 +209,7 @@ class Guard:
                          why=pending["why"], cause=pending["death"]["cause"], **{"from": pending["from"]},
                          to=pending["to"], **extra)
 
-    def _act(self, pending: dict[str, Any], **extra: Any) -> ApplyResult:
+    def _act(self, pending: dict[str, Any], resumed: bool = False, **extra: Any) -> ApplyResult:
         with self.store.update() as state:
             state["pending"]["phase"] = "acting"
             state["pending"]["attempts"] += 1
@@ -198,7 +227,9 @@ class Guard:
                          systemd=systemd_note, to=pending["to"], **extra)
         # An as-is restart leaves the override file's values alone (only the restart path runs).
         values = TunedValues() if pending["rung"] == policy.AS_IS else values_from(pending["to"])
-        result = self.node.apply(values, f"guard step {pending['id']}: {pending['why']}")
+        # A resumed step may have written its file before the kill: roll back to the file before it.
+        rollback_text = pending.get("override_before") if resumed else None
+        result = self.node.apply(values, f"guard step {pending['id']}: {pending['why']}", rollback_text)
         self._finish(pending, result)
         return result
 
@@ -230,6 +261,9 @@ class Guard:
         seen = {r["event"] for r in self.store.records() if r.get("step_id") == pending["id"]}
         if "decision" not in seen:
             self._audit_decision(pending, recovered=True)
+        if (held := self._held()) is not None:
+            self._finish(pending, ApplyResult(False, "deferred", f"{held}; the step is not finished"), recovered=True)
+            return
         self.store.audit("resumed-step", step_id=pending["id"], phase=pending["phase"],
                          why="the guard was restarted in the middle of this step; finishing it")
         if pending["phase"] == "acting":
@@ -243,7 +277,7 @@ class Guard:
                                                               "the guard was down; no second restart"),
                              recovered=True)
                 return
-        self._act(pending)
+        self._act(pending, resumed=True)
 
     def stop(self, reason: str, death: policy.Death | None) -> None:
         state = self.store.load()
@@ -297,31 +331,22 @@ class SystemNode:
         return unit_state(self.config.unit)
 
     def lock_holder(self) -> str | None:
-        """Who holds the engine lock (another process), from its info file and a live pid."""
-        info = self.config.state_dir / "engine.lock.json"
-        try:
-            data = json.loads(info.read_text())
-            pid = int(data["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if pid == os.getpid():
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return f"{data.get('holder', '?')} (pid {pid}, since {data.get('since', '?')})"
+        return locking.holder(self.config.state_dir, other_than=os.getpid())
 
-    def apply(self, values: TunedValues, reason: str) -> ApplyResult:
+    def override_text(self) -> str:
+        path = self.config.override_env_file
+        return path.read_text() if path.exists() else ""
+
+    def apply(self, values: TunedValues, reason: str, rollback_text: str | None = None) -> ApplyResult:
         try:
             outcome = restart(self.config, values, reason=reason, force=True, budget_s=self.config.start_timeout_s,
-                              wait_lock_s=0.0, progress=lambda _phase, _elapsed: None)
+                              wait_lock_s=0.0, progress=lambda _phase, _elapsed: None, rollback_text=rollback_text)
         except click.ClickException as error:
             if "another engine change is in progress" in error.message:
                 return ApplyResult(False, "deferred", error.message)
             return ApplyResult(False, "error", error.message)
+        except Exception as error:  # noqa: BLE001 - a systemctl timeout must not end the guard mid-step
+            return ApplyResult(False, "error", f"{type(error).__name__}: {error}")
         attempt = outcome.attempt
         if outcome.ok:
             return ApplyResult(True, "ok", attempt.reason, round(attempt.seconds, 2))
@@ -333,7 +358,8 @@ class SystemNode:
 
     def lowest_fraction(self) -> float | None:
         try:
-            lines = list(oom.read_journal(self.config.unit, since="-12h"))
+            lines = list(oom.read_journal(self.config.unit, last=PLANNER_JOURNAL_LINES,
+                                          timeout_s=PLANNER_JOURNAL_TIMEOUT_S))
         except oom.JournalError:
             return None
         inputs = node_plan_inputs(self.config, lines)
@@ -428,6 +454,22 @@ class Prober(threading.Thread):
                 self.detector.record(ok, time.monotonic(), None if ok else error)
 
 
+class Heartbeat(threading.Thread):
+    def __init__(self, guard: Guard):
+        super().__init__(daemon=True, name="guard-heartbeat")
+        self.guard = guard
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.guard.heartbeat()
+            except OSError:  # a full or read-only state folder: `opsctl status` will say the guard is silent
+                pass
+            if self.stopping.wait(HEARTBEAT_S):
+                return
+
+
 class Watcher:
     """The loop around a `Guard` on a real node."""
 
@@ -463,18 +505,22 @@ class Watcher:
 
     def run(self) -> None:
         self.store.audit("guard-started", pid=os.getpid(), limits=dataclasses.asdict(self.config.guard))
-        self.guard.resume_pending()
-        self._resync()
+        heartbeat = Heartbeat(self.guard)
+        heartbeat.start()
+        try:
+            self.guard.resume_pending()
+            self._resync()
+            self._loop()
+        finally:
+            heartbeat.stopping.set()
+
+    def _loop(self) -> None:
         self.prober.start()
         standing_by = None
         idle = False  # paused or stopped: the journal is not followed for deaths
-        last_beat = 0.0
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
-                if now - last_beat >= 2.0:
-                    self.guard.heartbeat()
-                    last_beat = now
                 state = self.store.load()
                 lines = self.follower.new_lines()
                 unit = self.node.unit()

@@ -1,6 +1,7 @@
 """The guard's state file and audit log: a guard killed mid-remediation finishes the same step."""
 
 import dataclasses
+import time
 
 import pytest
 
@@ -20,7 +21,9 @@ class FakeNode:
         self.values = SEED
         self.results = list(results)
         self.applied = []
+        self.rollback_texts = []
         self.serving = False
+        self.override = "# Managed by opsctl\n"
 
     def effective(self):
         return self.values
@@ -31,8 +34,12 @@ class FakeNode:
     def lock_holder(self):
         return None
 
-    def apply(self, values, reason):
+    def override_text(self):
+        return self.override
+
+    def apply(self, values, reason, rollback_text=None):
         self.applied.append(values)
+        self.rollback_texts.append(rollback_text)
         result = self.results.pop(0)
         if result.ok and not values.is_empty():
             self.values = values.merged_over(self.values)
@@ -82,7 +89,7 @@ def _kill_mid_step(make, store):
     """Run a step whose restart never returns (the guard is killed inside it)."""
     node, guard = make([])
 
-    def killed(values, reason):
+    def killed(values, reason, rollback_text=None):
         node.applied.append(values)
         raise KeyboardInterrupt  # stands for SIGKILL: nothing after this line runs
     node.apply = killed
@@ -151,3 +158,110 @@ def test_pause_and_resume(setup):
     assert summary(config)["problem"] == "guard paused by " + store.load()["paused"]["by"] + ": maintenance"
     store.resume("done")
     assert store.load()["paused"] is None
+
+
+def _backoff_pending(store):
+    """One remediation a moment ago: the next step waits for a backoff first."""
+    with store.update() as state:
+        state["remediations"] = [time.time() - 1.0]
+
+
+@pytest.mark.parametrize("meanwhile, why", [
+    (lambda store, node: store.pause("maintenance"), "paused by"),
+    (lambda store, node: setattr(node, "values", TunedValues(0.9, 4096, True)), "the config changed during the backoff"),
+])
+def test_a_step_is_dropped_when_the_guard_is_paused_or_the_config_changes_during_its_backoff(tmp_path, meanwhile, why):
+    """The step was decided before the backoff: a pause, or an operator's own restart or
+    `overrides clear` meanwhile, wins over it (before: it ran anyway, overwriting their config)."""
+    config = NodeConfig(state_dir=tmp_path, guard=GuardConfig(budget_per_hour=4, backoff_initial_s=30.0))
+    store = GuardStore(tmp_path)
+    _backoff_pending(store)
+    node = FakeNode([ApplyResult(True, "ok", "healthy", 3.0)])
+    guard = Guard(config, node, store, alert=lambda *a: {"id": "x", "delivery_errors": {}},
+                  sleep=lambda s: meanwhile(store, node))
+    guard.on_death(policy.Death(oom.FRAGMENTATION, "cuda_oom"), {})
+    assert node.applied == []
+    events = [r["event"] for r in store.records()]
+    assert events[-1] == "deferred" and "backoff" in events and "decision" not in events
+    assert why in store.records()[-1]["why"]
+
+
+def test_a_killed_step_is_not_finished_while_the_guard_is_paused(setup):
+    _, store, make, _ = setup
+    pending = _kill_mid_step(make, store)
+    store.pause("hands off")
+    node, guard = make([ApplyResult(True, "ok", "healthy", 3.0)])
+    guard.resume_pending()
+    assert node.applied == [] and store.load()["pending"] is None
+    outcome = store.records()[-1]
+    assert (outcome["event"], outcome["step_id"], outcome["outcome"]) == ("outcome", pending["id"], "deferred")
+    assert store.load()["remediations"] == []  # a step not taken is not charged
+
+
+def test_a_step_killed_after_writing_its_file_rolls_back_to_the_file_before_it(tmp_path, monkeypatch):
+    """A guard killed (SIGKILL: TimeoutStopSec) after the step wrote the override file: the
+    engine crash-loops on the step's values. The resumed step rolls back to the file before the
+    step (recorded with it), not to the file as it is now, which holds the failed values."""
+    from opsctl import restart as restart_module
+    from opsctl.guard.daemon import SystemNode
+
+    env_file, override = tmp_path / "sglang.env", tmp_path / "override.env"
+    env_file.write_text("SGLANG_MEM_FRACTION_STATIC=0.94\nSGLANG_CHUNKED_PREFILL_SIZE=8192\n")
+    before = "# Managed by opsctl\nSGLANG_MEM_FRACTION_STATIC=0.93\n"
+    override.write_text(before)
+    config = NodeConfig(env_file=env_file, override_env_file=override, state_dir=tmp_path / "state",
+                        guard=GuardConfig(budget_per_hour=4, backoff_initial_s=0.0))
+    store = GuardStore(config.state_dir)
+
+    class Node(SystemNode):
+        def unit(self):
+            return UnitState("sglang.service", "loaded", "activating", "auto-restart", "exit-code", 1, 0, 1,
+                             "enabled", None)
+
+        def wait_settled(self, budget_s):
+            return False  # crash-looping on the step's values
+
+    node = Node(config)
+    with store.update() as state:
+        state["pending"] = {"id": 3, "phase": "acting", "action": "tune", "rung": "expandable_segments", "why": "w",
+                            "death": {"cause": oom.FRAGMENTATION}, "from": {"mem_fraction_static": 0.93,
+                            "chunked_prefill_size": 8192, "expandable_segments": False},
+                            "to": {"mem_fraction_static": 0.93, "chunked_prefill_size": 8192,
+                                   "expandable_segments": True},
+                            "decided_at": time.time(), "attempts": 1, "blind": False, "override_before": before}
+    # what the killed restart had written
+    override.write_text("# Managed by opsctl\nSGLANG_MEM_FRACTION_STATIC=0.93\nSGLANG_CHUNKED_PREFILL_SIZE=8192\n"
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n")
+    starts = []
+
+    def start(config, budget_s, progress):
+        starts.append(override.read_text())
+        ok = len(starts) == 2  # the step's values crash again; the rollback serves
+        return restart_module.StartReport(ok, "healthy" if ok else "the engine exited (status 1)", 1.0,
+                                          "ready", [])
+    monkeypatch.setattr(restart_module, "start_and_wait", start)
+    Guard(config, node, store, alert=lambda *a: {"id": "x", "delivery_errors": {}}).resume_pending()
+    assert "expandable_segments:True" in starts[0] and starts[1] == before
+    assert override.read_text() == before
+    assert store.records()[-1]["outcome"] == "rolled_back"
+
+
+def test_the_heartbeat_goes_on_while_a_step_runs(monkeypatch):
+    """The heartbeat has its own thread: a step takes minutes, and `opsctl status` takes a beat
+    older than 30 s for a dead guard (before: the loop beat, and stood still while acting)."""
+    import threading
+
+    from opsctl.guard import daemon
+    monkeypatch.setattr(daemon, "HEARTBEAT_S", 0.01)
+    beats = []
+    step_done = threading.Event()
+
+    class Busy:
+        def heartbeat(self):
+            beats.append(time.monotonic())
+    heartbeat = daemon.Heartbeat(Busy())
+    heartbeat.start()
+    step_done.wait(0.3)  # the main thread "acts" meanwhile
+    heartbeat.stopping.set()
+    heartbeat.join(1.0)
+    assert len(beats) >= 5 and not heartbeat.is_alive()

@@ -1,6 +1,7 @@
 """opsctl restart / overrides: the errors a person sees before anything on the node changes."""
 
 import json
+import subprocess
 
 import click
 import pytest
@@ -8,6 +9,7 @@ from click.testing import CliRunner
 
 from opsctl.cli import cli
 from opsctl.locking import engine_lock
+from opsctl.restart import Terminated
 
 
 @pytest.fixture
@@ -91,12 +93,17 @@ def test_a_restart_that_cannot_be_followed_restores_the_override_file(node, monk
     assert (last["event"], last["outcome"], last["override_restored"]) == ("restart", "abandoned", True)
 
 
-def test_an_interrupted_restart_restores_the_override_file(node, monkeypatch):
-    _fake_starts(monkeypatch, node, KeyboardInterrupt())
+@pytest.mark.parametrize("stop, why", [(KeyboardInterrupt(), "interrupted"),
+                                       (Terminated("SIGHUP"), "terminated by SIGHUP")])
+def test_an_interrupted_restart_restores_the_override_file(node, monkeypatch, stop, why):
+    """Ctrl-C, or SIGTERM / SIGHUP (a dropped ssh session; `terminations_unwind` makes them
+    Terminated) once the file is written: the file is back, the history says why, exit 3, since
+    the engine may run the new values until its next start."""
+    _fake_starts(monkeypatch, node, stop)
     result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
-    assert result.exit_code == 1 and "Aborted" in result.output
+    assert result.exit_code == 3 and f"could not be followed ({why})" in result.output
     assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
-    assert _history(node)[-1]["why"] == "interrupted"
+    assert _history(node)[-1]["why"] == why
 
 
 def test_a_value_that_is_not_a_number_is_named_with_its_file(node):
@@ -178,3 +185,56 @@ def test_a_missing_transport_is_a_clear_error(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli_module.main()
     assert exit_.value.code == 1 and "ssh is not installed here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error", [click.ClickException("systemctl restart sglang.service failed: timeout"),
+                                   subprocess.TimeoutExpired(["systemctl", "show"], 10), KeyboardInterrupt()])
+def test_a_rollback_that_cannot_be_followed_is_recorded_and_exits_3(node, monkeypatch, error):
+    """The attempt failed and the rollback's start then fails to be followed: before, a
+    systemctl timeout escaped as a traceback (exit 1) and a systemctl error exited 2, with no
+    rollback record."""
+    seen = _fake_starts(monkeypatch, node, False, error)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 3, result.output
+    assert "the rollback's start could not be followed" in result.output
+    assert seen[1] == ORIGINAL_OVERRIDE and (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    assert [(r["event"], r["outcome"]) for r in _history(node)] == [
+        ("restart", "started"), ("restart", "failed"), ("rollback", "abandoned")]
+
+
+def test_overrides_clear_is_refused_with_exit_2_while_another_change_holds_the_lock(node):
+    with engine_lock(node / "state", "opsctl-guard: remediation"):
+        result = CliRunner().invoke(cli, ["overrides", "clear", "--no-restart"])
+    assert result.exit_code == 2 and "another engine change is in progress (opsctl-guard: remediation" in result.output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+
+
+def test_a_reason_with_newlines_stays_in_its_comment(node):
+    """--reason is free text in a comment line of an EnvironmentFile: a newline in it must not
+    start a live line (before: it set PYTORCH_CUDA_ALLOC_CONF and the chunk to garbage)."""
+    from opsctl.overrides import TunedValues, render_overrides, values_in
+    from opsctl.render import parse_env_file
+    reason = "ticket 42\nPYTORCH_CUDA_ALLOC_CONF=garbage\r\nSGLANG_CHUNKED_PREFILL_SIZE=abc"
+    text = render_overrides(TunedValues(0.92), node / "sglang.env", "root\nX=1", reason)
+    assert parse_env_file(text) == {"SGLANG_MEM_FRACTION_STATIC": "0.92"}
+    assert values_in(parse_env_file(text)) == TunedValues(0.92)
+    assert "ticket 42 PYTORCH_CUDA_ALLOC_CONF=garbage SGLANG_CHUNKED_PREFILL_SIZE=abc" in text
+
+
+def test_a_stale_lock_info_file_names_no_holder(node):
+    """The info file of a holder killed before it could remove it (SIGKILL, a reboot): its pid
+    gone, or reused by another process, is no holder; the guard would otherwise stand by for ever."""
+    import os
+
+    from opsctl import locking
+    state = node / "state"
+    state.mkdir()
+    info = state / locking.INFO_FILE
+    me = os.getpid()
+    with engine_lock(state, "opsctl restart"):
+        assert locking.holder(state).startswith("opsctl restart (pid ")
+        assert locking.holder(state, other_than=me) is None  # the guard does not stand by for itself
+    info.write_text(json.dumps({"holder": "opsctl restart", "pid": me, "pid_start": "1", "since": "03:00:00"}))
+    assert locking.holder(state) is None  # the pid now belongs to another process (this one)
+    info.write_text(json.dumps({"holder": "opsctl restart", "pid": 2**22 + 1, "since": "03:00:00"}))
+    assert locking.holder(state) is None  # no such process
