@@ -7,7 +7,7 @@ context costs in the KV pool of one GPU. Weights are a separate input (GiB per G
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -81,6 +81,13 @@ def preset(name: str) -> ModelShape:
         return PRESETS[name.lower()]
     except KeyError:
         raise ShapeError(f"unknown model preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
+
+
+def with_kv_dtype_bytes(shape: ModelShape, nbytes: int) -> ModelShape:
+    """`shape` with a KV cache of `nbytes`-byte elements, its DFlash draft's too (SGLang 0.5.23
+    gives the draft pool the target's KV dtype: `resolve_dflash_draft_cell_size`)."""
+    draft = None if shape.draft is None else replace(shape.draft, dtype_bytes=nbytes)
+    return replace(shape, kv_dtype_bytes=nbytes, draft=draft)
 
 
 def dtype_bytes(name: str | None, default: int = 2) -> int:

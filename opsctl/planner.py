@@ -32,7 +32,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from opsctl.model_shapes import DraftShape, ModelShape
+from opsctl.model_shapes import DraftShape, ModelShape, ShapeError, dtype_bytes, with_kv_dtype_bytes
 from opsctl.startup_log import GIB, MIB, StartupFacts, last_sized_startup
 
 DEFAULT_CONTEXT_TARGET = 200_000
@@ -406,8 +406,24 @@ def default_chunked_prefill_size(gpu_total_gib: float) -> int:
 # --- calibration ---------------------------------------------------------------------------
 
 
-def calibrate_from_startup(inputs: PlanInputs, facts: StartupFacts) -> PlanInputs:
+def logged_kv_dtype_bytes(facts: StartupFacts) -> int | None:
+    """Bytes an element of the KV cache the logged engine ran: its --kv-cache-dtype, else the
+    dtype its 'KV Cache is allocated' line names (None when the log says neither)."""
+    for name in (facts.config.kv_cache_dtype, facts.kv_dtype):
+        if name and name != "auto":
+            try:
+                return dtype_bytes(name)
+            except ShapeError:
+                continue
+    return None
+
+
+def calibrate_from_startup(inputs: PlanInputs, facts: StartupFacts, kv_dtype_bytes: int | None = None) -> PlanInputs:
     """Pin the model to one logged engine start so it reproduces its pool exactly.
+
+    The free memory is solved with the cell of the KV dtype the logged engine ran; the plan is
+    then made for `kv_dtype_bytes` (None: that same dtype), so a bf16 node's log plans an fp8
+    pool at twice the tokens.
 
     `pre_model_load_memory` is taken from `Load weight begin. avail mem=` (the closest
     logged figure). The free memory after weights is solved from the logged token count:
@@ -432,8 +448,9 @@ def calibrate_from_startup(inputs: PlanInputs, facts: StartupFacts) -> PlanInput
     if config.speculative_algorithm is not None or config.model_path is not None:
         # A server_args line was seen: the draft pool exists only under DFLASH.
         changes["include_draft"] = (config.speculative_algorithm or "").upper().startswith("DFLASH")
-    calibrated = replace(inputs, **changes)
-    cell = calibrated.cell_bytes
+    logged_bytes = logged_kv_dtype_bytes(facts) or inputs.shape.kv_dtype_bytes
+    calibrated = replace(inputs, shape=with_kv_dtype_bytes(inputs.shape, logged_bytes), **changes)
+    cell = calibrated.cell_bytes  # the logged engine's: its pool's tokens are in this cell
     page = calibrated.page_size
     pre = facts.load_begin_avail_gib
     rest = tokens * cell + (page * cell) // 2
@@ -466,6 +483,9 @@ def calibrate_from_startup(inputs: PlanInputs, facts: StartupFacts) -> PlanInput
         post_pool = facts.graph_gib
         notes.append(f"post-pool allocations {post_pool:.2f} GiB (CUDA graph capture)")
     weights = facts.weights_gib if facts.weights_gib is not None else calibrated.weights_gib
+    if kv_dtype_bytes is not None and kv_dtype_bytes != logged_bytes:
+        notes.append(f"KV cache at {kv_dtype_bytes} byte(s) an element, the log's engine at {logged_bytes}")
+        calibrated = replace(calibrated, shape=with_kv_dtype_bytes(calibrated.shape, kv_dtype_bytes))
     return replace(
         calibrated,
         weights_gib=weights,
@@ -508,8 +528,9 @@ def calibrate_from_ooms(inputs: PlanInputs, observations: Iterable[SpikeObservat
     return replace(inputs, activation=model, fragmentation_gib=fragmentation, notes=tuple(notes))
 
 
-def calibrate_from_log(lines: Iterable[str], inputs: PlanInputs) -> PlanInputs:
-    """Calibrate from a node's log: its last sized engine start, then the OOMs in it.
+def calibrate_from_log(lines: Iterable[str], inputs: PlanInputs, kv_dtype_bytes: int | None = None) -> PlanInputs:
+    """Calibrate from a node's log: its last sized engine start (planned for `kv_dtype_bytes`,
+    None: the KV dtype that start ran), then the OOMs in it.
 
     Raises PlanError when the log holds no engine start that logged its pool size.
     """
@@ -521,6 +542,6 @@ def calibrate_from_log(lines: Iterable[str], inputs: PlanInputs) -> PlanInputs:
         raise PlanError(
             "no engine start with a logged pool size (max_total_num_tokens= or 'KV Cache is allocated') in the log"
         )
-    calibrated = calibrate_from_startup(inputs, facts)
+    calibrated = calibrate_from_startup(inputs, facts, kv_dtype_bytes)
     observations = [obs for inc in oom.analyze(lines) if (obs := inc.spike_observation()) is not None]
     return calibrate_from_ooms(calibrated, observations)

@@ -27,7 +27,7 @@ def _shape(model: str | None, config: str | None, kv_dtype: str | None, no_draft
             return model_shapes.shape_from_hf_config(config, kv_dtype=kv_dtype)
         shape = model_shapes.preset(model or "kimi-k2.6")
         if kv_dtype:
-            shape = replace(shape, kv_dtype_bytes=model_shapes.dtype_bytes(kv_dtype))
+            shape = model_shapes.with_kv_dtype_bytes(shape, model_shapes.dtype_bytes(kv_dtype))
     except model_shapes.ShapeError as exc:
         raise click.BadParameter(str(exc), param_hint="--config" if config else "--kv-dtype") from None
     return replace(shape, draft=None) if no_draft else shape
@@ -50,7 +50,7 @@ def _table(rows: list[planner.PlanRow], chunks: list[int], target: int) -> Table
         table.add_column(f"spike@{chunk} GiB", justify="right")
         table.add_column(f"safe@{chunk}")
     for row in rows:
-        cells = [f"{row.fraction:.2f}", f"{row.tokens:,}", f"{row.target_share:.1%}", f"{row.headroom_bytes / GIB:.2f}"]
+        cells = [f"{row.fraction:g}", f"{row.tokens:,}", f"{row.target_share:.1%}", f"{row.headroom_bytes / GIB:.2f}"]
         for check in row.chunks:
             cells += [f"{check.spike_bytes / GIB:.2f}", "yes" if check.safe else "[red]no[/red]"]
         table.add_row(*cells)
@@ -141,9 +141,10 @@ def plan(
     )
     if calibrate_log is not None:
         try:
-            inputs = planner.calibrate_from_log(_read_log(calibrate_log), inputs)
+            inputs = planner.calibrate_from_log(_read_log(calibrate_log), inputs,
+                                                kv_dtype_bytes=shape.kv_dtype_bytes if kv_dtype else None)
         except planner.PlanError as exc:
-            raise click.ClickException(f"{calibrate_log}: {exc}") from None
+            raise click.BadParameter(str(exc), param_hint="--calibrate-log") from None
     elif weights_gib >= gpu.pre_model_load_gib:
         raise click.BadParameter(
             f"{weights_gib} GiB of weights do not fit {gpu.pre_model_load_gib:.2f} GiB free before load; "

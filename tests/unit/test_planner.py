@@ -268,5 +268,43 @@ def test_cli_usage_errors(args, message):
 
 def test_cli_log_without_startup_is_an_error():
     result = CliRunner().invoke(plan_command, ["--calibrate-log", str(FIXTURES / "seed_journal.log")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error, as the README says
     assert "no engine start with a logged pool size" in result.output
+
+
+def _plan_tokens(args):
+    result = CliRunner().invoke(plan_command, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return {round(row["fraction"], 3): row["tokens"] for row in json.loads(result.output)["rows"]}
+
+
+def test_a_bf16_nodes_log_plans_an_fp8_pool_at_twice_the_tokens():
+    """The README's command: the free memory is solved with the logged engine's cell (bf16),
+    the pool planned with fp8's, the draft's too (SGLang gives the DFlash draft the target's KV
+    dtype). Before, the calibration reproduced the log's count whatever dtype was asked for."""
+    log = str(FIXTURES / "startup_093.log")
+    bf16 = _plan_tokens(["--calibrate-log", log, "--fractions", "0.93"])
+    fp8 = _plan_tokens(["--calibrate-log", log, "--kv-dtype", "fp8_e4m3", "--fractions", "0.93"])
+    assert bf16[0.93] == 195_011
+    assert abs(fp8[0.93] - 2 * 195_011) <= 1  # (the pool is centred in the byte interval of the logged count)
+
+
+def test_an_fp8_nodes_log_is_planned_in_fp8(tmp_path):
+    """An fp8 node's own log, without --kv-dtype: its count is reproduced and the neighbouring
+    fractions move at fp8's rate, twice bf16's (before: at bf16's)."""
+    text = (FIXTURES / "startup_093.log").read_text()
+    assert "dtype: torch.bfloat16, #tokens: 195011" in text and "kv_cache_dtype='auto'" in text
+    fp8_log = tmp_path / "fp8.log"
+    fp8_log.write_text(text.replace("torch.bfloat16", "torch.float8_e4m3fn").replace("195011", "390022")
+                       .replace("kv_cache_dtype='auto'", "kv_cache_dtype='fp8_e4m3'"))
+    bf16 = _plan_tokens(["--calibrate-log", str(FIXTURES / "startup_093.log"), "--fractions", "0.93,0.94"])
+    fp8 = _plan_tokens(["--calibrate-log", str(fp8_log), "--fractions", "0.93,0.94"])
+    assert fp8[0.93] == 390_022
+    assert abs((fp8[0.94] - fp8[0.93]) - 2 * (bf16[0.94] - bf16[0.93])) <= 2
+
+
+def test_the_table_shows_fractions_as_given():
+    result = CliRunner().invoke(plan_command, ["--calibrate-log", str(FIXTURES / "startup_093.log"),
+                                               "--fractions", "0.930:0.936:0.002"])
+    assert result.exit_code == 0
+    assert all(f in result.output for f in ("0.93 ", "0.932", "0.934", "0.936"))
