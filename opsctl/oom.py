@@ -66,10 +66,14 @@ _NO_KV = re.compile(
     r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. Please try to increase --mem-fraction-static"
 )
 _RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+\.\d+)")
+# Frames of an engine start, for an OOM with no start in view. Not `cuda_graph_runner` alone:
+# 0.5.23 replays its prefill and decode graphs from `runner/*_cuda_graph_runner.py` while serving.
 _STARTUP_FRAMES = re.compile(
     r"init_memory_pool|alloc_memory_pool|kv_cache_configurator|profile_max_num_token|load_model|"
-    r"init_cuda_graphs|capture_|cuda_graph_runner|init_device_graphs"
+    r"init_cuda_graphs|capture_|init_device_graphs"
 )
+# The scheduler's per-batch lines: the engine is serving.
+_BATCH = re.compile(r"\b(?:Prefill|Decode) batch\b")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
 _MAX_PENDING_LINES = 400
 
@@ -231,6 +235,7 @@ class OomScanner:
         self.startups = StartupTracker()
         self._pending: dict[int | None, _Pending] = {}
         self._last: Incident | None = None
+        self._batches_seen = False  # a batch line since the engine start in view (or since the first line)
 
     # Config and phase of the engine start the scanner is in.
     def _config(self) -> EngineConfig | None:
@@ -241,6 +246,8 @@ class OomScanner:
 
     def _phase(self) -> str:
         run = self.startups.current
+        if self._batches_seen:
+            return "serving"
         if run is None:
             return "unknown"
         return "serving" if run.ready or run.max_total_num_tokens is not None else "startup"
@@ -273,8 +280,14 @@ class OomScanner:
                 pending.raw.append(rec.raw)
             return []
         done = self._finish(key) if pending is not None else []
+        run_before = self.startups.current
         self.startups.feed(rec)
         msg = rec.msg
+        if self.startups.current is not run_before:
+            # A new engine start: what follows belongs to it, not to the incidents of the last one.
+            self._last, self._batches_seen = None, False
+        if _BATCH.search(msg):
+            self._batches_seen = True
         if _SIGQUIT.search(msg) or _KILLED.search(msg):
             done.extend(self.flush())
             done.extend(self._crash_signal(rec))
@@ -331,12 +344,15 @@ class OomScanner:
         return [incident]
 
     def _crash_signal(self, rec: LogLine) -> list[Incident]:
-        if self._last is not None and self._last.classification != UNKNOWN and not self._last.engine_killed:
-            self._last.engine_killed = True
-            self._last.lines.append(rec.raw)
+        # A kill belongs to the engine's last fatal incident; a KV-pool retraction is not fatal.
+        last = self._last if self._last is not None and self._last.kind != "kv_pool_full" else None
+        if last is not None and last.classification != UNKNOWN and not last.engine_killed:
+            last.engine_killed = True
+            last.lines.append(rec.raw)
             return []
-        if self._last is not None and self._last.kind == "killed":
-            self._last.lines.append(rec.raw)
+        # SGLang's SIGQUIT handler kills the launcher too: systemd's kill line after it is the same death.
+        if last is not None and (last.kind == "killed" or (last.engine_killed and _KILLED.search(rec.msg))):
+            last.lines.append(rec.raw)
             return []
         incident = self._new(rec, "killed", UNKNOWN, self._config(), self._phase())
         m = _KILLED.search(rec.msg)

@@ -14,7 +14,9 @@ import click
 from rich.table import Table
 
 from opsctl import oom as oom_lib
+from opsctl.config import load_config
 from opsctl.output import console, err_console, print_json
+from opsctl.overrides import TunedValues, values_in_file
 from opsctl.startup_log import GIB, EngineConfig
 
 EXIT_NONE_FOUND = 0
@@ -114,7 +116,7 @@ def _summary_table(incidents: list[oom_lib.Incident]) -> Table:
 
 @click.command("oom")
 @click.option("--file", "file_", metavar="PATH", help="Read a saved log instead of the journal; - reads stdin.")
-@click.option("--unit", default="sglang.service", show_default=True, envvar="OPSCTL_UNIT", help="systemd unit to read.")
+@click.option("--unit", envvar="OPSCTL_UNIT", help="systemd unit to read [default: the node's engine unit, from its config].")
 @click.option("--since", metavar="WHEN", help="journalctl --since (e.g. '2 hours ago', '2026-05-31 10:00').")
 @click.option(
     "--mem-fraction-static",
@@ -131,7 +133,7 @@ def _summary_table(incidents: list[oom_lib.Incident]) -> Table:
 @click.option("--json", "json_", is_flag=True, help="Print one JSON document to stdout.")
 def oom(
     file_: str | None,
-    unit: str,
+    unit: str | None,
     since: str | None,
     fraction: float | None,
     chunk: int | None,
@@ -145,6 +147,9 @@ def oom(
     OOM killer, illegal memory accesses and NCCL errors, each classified (activation
     spike, fragmentation, KV pool / startup allocation, host memory, not memory).
 
+    Reading the journal on the node, the values the log does not say (expandable_segments never
+    appears in it) come from the node's env files, as the guard reads them; flags win.
+
     Exit status: 0 none found, 1 incidents found (or the journal could not be read),
     2 usage error.
     """
@@ -154,13 +159,18 @@ def oom(
         raise click.BadParameter(
             "use a positive chunk size, or -1 for chunking disabled", param_hint="--chunked-prefill-size"
         )
-    hint = EngineConfig(
-        mem_fraction_static=fraction, chunked_prefill_size=chunk, expandable_segments=expandable_segments
-    )
+    flags = TunedValues(fraction, chunk, expandable_segments)
     lines: Iterable[str]
     if file_ is not None:
         lines = _read_file(file_)
     else:
+        config = load_config()
+        unit = unit or config.unit
+        in_force = values_in_file(config.override_env_file).merged_over(values_in_file(config.env_file))
+        flags = flags.merged_over(in_force)
+    hint = EngineConfig(mem_fraction_static=flags.mem_fraction_static, chunked_prefill_size=flags.chunked_prefill_size,
+                        expandable_segments=flags.expandable_segments)
+    if file_ is None:
         try:
             lines = list(oom_lib.read_journal(unit, since))
         except oom_lib.JournalError as exc:

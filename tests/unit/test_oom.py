@@ -215,3 +215,82 @@ def test_cli_journal_failure(monkeypatch):
     result = CliRunner().invoke(oom_command, [])
     assert result.exit_code == 1
     assert "Error: journalctl not found; read a saved log with --file PATH (or - for stdin)" in result.output
+
+
+def test_a_later_kill_is_not_filed_under_a_retraction():
+    """A kill a day after a KV-pool retraction is its own death (before: it was attached to the
+    retraction, whose advice is to raise the fraction, and no 'killed' incident was reported)."""
+    incidents = oom.analyze([
+        "May 31 11:00:01 dflash-train python[20990]: [2026-05-31 11:00:01 TP0] KV cache pool is full. Retract "
+        "requests. #retracted_reqs: 3, #new_tokens_gained: 41234, #new_token_ratio: 0.5012 -> 0.7000",
+        "Jun 01 15:00:00 dflash-train systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL",
+    ])
+    assert [(i.kind, i.engine_killed) for i in incidents] == [("kv_pool_full", False), ("killed", False)]
+
+
+def test_one_oom_crash_is_one_incident_with_systemds_kill_line():
+    """SGLang's SIGQUIT handler kills the launcher too, so systemd logs a kill right after: the
+    same death (before: a second 'killed' incident of unknown cause)."""
+    incidents = oom.analyze([
+        "May 31 10:05:32 dflash-train python[10990]: [2026-05-31 10:05:32 TP0] Scheduler hit an exception: "
+        "Traceback (most recent call last):",
+        "May 31 10:05:32 dflash-train python[10990]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "896.00 MiB. GPU 0 has a total capacity of 94.97 GiB of which 893.38 MiB is free.",
+        "May 31 10:05:33 dflash-train python[10970]: [2026-05-31 10:05:33] Received sigquit from a child process. "
+        "It usually means the child failed.",
+        "May 31 10:05:34 dflash-train systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL",
+    ])
+    assert [(i.kind, i.engine_killed) for i in incidents] == [("cuda_oom", True)]
+    assert "status=9/KILL" in incidents[0].lines[-1]
+
+
+def test_two_failed_starts_are_two_incidents():
+    lines = []
+    for hour, fraction in ((0, "0.70"), (1, "0.75")):
+        lines += [f"[2026-05-01 0{hour}:00:00] server_args=ServerArgs(mem_fraction_static={fraction}, "
+                  "chunked_prefill_size=8192)",
+                  f"[2026-05-01 0{hour}:00:09 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+                  f"ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
+                  f"{float(fraction)}. Raise --mem-fraction-static above 0.796"]
+    incidents = oom.analyze(lines)
+    assert [(i.kind, i.config.mem_fraction_static) for i in incidents] == [
+        ("startup_no_kv_memory", 0.70), ("startup_no_kv_memory", 0.75)]
+
+
+def test_an_oom_in_a_serving_graph_replay_is_not_a_startup_failure():
+    """With no engine start in view (a rotated journal, the guard's backlog), batch lines show the
+    engine serving; 0.5.23 replays its prefill graphs from runner/prefill_cuda_graph_runner.py, so
+    that frame is no sign of a start (before: 'lower the fraction: it does not fit at startup')."""
+    incidents = oom.analyze([
+        "[2026-05-31 10:05:30 TP0] Prefill batch, #new-seq: 1, #new-token: 4096, #cached-token: 0, token usage: 0.40",
+        "[2026-05-31 10:05:32 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/sgl/python/sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", line 412, in replay',
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. GPU 0 has a total capacity of "
+        "94.97 GiB of which 893.38 MiB is free.",
+    ])
+    assert [(i.kind, i.phase, i.classification) for i in incidents] == [("cuda_oom", "serving", oom.ACTIVATION_SPIKE)]
+
+
+def test_cli_on_the_node_reads_its_unit_and_env_files(tmp_path, monkeypatch):
+    """On the node the journal of the configured unit is read, and the env files say what the
+    log does not: with expandable_segments on there, the OOM is an activation spike, as the
+    guard judges it (before: sglang.service whatever the config, and 'enable expandable_segments')."""
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text("SGLANG_MEM_FRACTION_STATIC=0.93\nPYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n")
+    config = tmp_path / "opsctl.yml"
+    config.write_text(f"unit: engine.service\nenv_file: {env_file}\noverride_env_file: {tmp_path / 'none.env'}\n"
+                      f"state_dir: {tmp_path / 'state'}\n")
+    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    monkeypatch.delenv("OPSCTL_UNIT", raising=False)
+    read = []
+
+    def journal(unit, since=None):
+        read.append(unit)
+        return iter(_lines("oom_current.log"))
+    monkeypatch.setattr(oom, "read_journal", journal)
+    assert oom.analyze(_lines("oom_current.log"))[0].classification == oom.FRAGMENTATION  # the log alone
+    result = CliRunner().invoke(oom_command, ["--json"])
+    assert result.exit_code == 1 and read == ["engine.service"]
+    assert '"classification": "activation_spike"' in result.output
+    flags = CliRunner().invoke(oom_command, ["--json", "--no-expandable-segments", "--unit", "other.service"])
+    assert read[-1] == "other.service" and '"classification": "fragmentation"' in flags.output
