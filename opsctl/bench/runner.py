@@ -192,8 +192,9 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
-        if data.get("schema") != SCHEMA or data.get("kind") != "sweep":
-            raise ValueError(f"not an opsctl bench sweep file (schema {data.get('schema')!r})")
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("kind") != "sweep":
+            schema = data.get("schema") if isinstance(data, dict) else None
+            raise ValueError(f"not an opsctl bench sweep file (schema {schema!r})")
         settings = SweepSettings(**_known(SweepSettings, data["settings"]))
         points = []
         for pd in data.get("points", []):

@@ -13,7 +13,9 @@ health check; the points measured so far are kept) or a point failed with the se
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -51,6 +53,7 @@ from opsctl.bench.runner import (
 )
 from opsctl.config import load_config
 from opsctl.output import console, err_console, print_json
+from opsctl.state import atomic_write
 
 DEFAULT_CONTEXTS = "1k,8k,32k,64k,128k,185k"
 DEFAULT_GEN = 32
@@ -60,6 +63,17 @@ EXIT_INTERRUPTED = 130
 # (a real server can miss one probe under load).
 HEALTH_RETRIES = 2
 HEALTH_RETRY_DELAY_S = 2.0
+
+
+def _check_writable(path: Path) -> None:
+    """--out is written after the first point: find out now that it cannot be, not after a run."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path}: {exc.strerror or exc}", param_hint="--out") from None
+
 
 # Returns an excerpt of the node's journal (the server's last log lines) or None.
 def _journal_hook() -> Callable[[], str | None]:
@@ -356,6 +370,7 @@ def run_cmd(
             raise click.UsageError(str(exc)) from exc
     if plot_path is not None:
         _check_plot_available()
+    _check_writable(out_path)
 
     err_console.print(f"results: {out_path} (rewritten after every point)", soft_wrap=True)
     with BenchClient(url, api_key=api_key) as client, _progress() as progress:
@@ -556,6 +571,8 @@ def concurrency_cmd(
         context = prompts.parse_context(context_)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--context") from exc
+    if out_path is not None:
+        _check_writable(out_path)
     with BenchClient(url, api_key=api_key) as client:
         health = client.health()
         if not health.ok:
@@ -564,17 +581,12 @@ def concurrency_cmd(
             res = run_concurrency(
                 client, context, streams, gen, flush=flush, prompt_mode=prompt_mode, timeout_s=timeout_s
             )
-    if out_path is not None:
-        import json
-        import os
-
-        tmp = out_path.with_name(f".{out_path.name}.tmp")
-        tmp.write_text(json.dumps(res.to_dict(), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, out_path)
     if json_:
         print_json(res.to_dict())
     else:
         _print_table(report.concurrency_table(res))
+    if out_path is not None:  # (after the figures are out: a write that fails now loses nothing)
+        atomic_write(out_path, json.dumps(res.to_dict(), indent=2) + "\n")
     for e in res.errors:
         err_console.print(f"stream failed: {e}", style="red", soft_wrap=True, markup=False)
     if res.errors:

@@ -462,3 +462,26 @@ def test_cli_failed_point_with_server_up_exits_1_and_resume_retries_it(fake, tmp
     r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out)])
     assert r.exit_code == 0, r.output
     assert [(p.context_requested, p.status) for p in load_result(out).points] == [(1000, "ok"), (2000, "ok")]
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_measuring(fake, tmp_path):
+    """Before, `run` failed with a traceback after its first point and `concurrency` after the
+    whole run, and its figures were lost; a folder that does not exist yet is made."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for args in (["run", "--url", fake.url, "--contexts", "1k", "--gen", "8"],
+                 ["concurrency", "--url", fake.url, "--context", "1k", "--streams", "2", "--gen", "8"]):
+        r = CliRunner().invoke(bench_cmd.bench, [*args, "--out", str(blocker / "r.json")])
+        assert r.exit_code == 2 and "cannot write" in r.output, r.output
+    assert fake.requests == 0 and fake.flushes == 0
+    r = CliRunner().invoke(bench_cmd.bench, ["concurrency", "--url", fake.url, "--context", "1k", "--streams", "2",
+                                             "--gen", "8", "--out", str(tmp_path / "new" / "c.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "new" / "c.json").read_text())["streams"] == 2
+
+
+def test_a_results_file_that_is_not_an_object_is_a_clear_error(tmp_path):
+    bad = tmp_path / "list.json"
+    bad.write_text("[1, 2]")
+    r = CliRunner().invoke(bench_cmd.bench, ["report", str(bad)])
+    assert r.exit_code != 0 and "not an opsctl bench sweep file" in r.output and "Traceback" not in r.output
