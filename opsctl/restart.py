@@ -121,6 +121,10 @@ def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallba
     seen: list[str] = []
     phase = "stopping"
     with journal.JournalFollower(config.unit, journal.cursor(config.unit)) as follower:
+        # `restart --no-block` only queues the job: until systemd runs it, the unit may still be
+        # the old run, active. Only a new run (a new InvocationID) that is active has passed the
+        # health gate on the new files.
+        old_run = unit_state(config.unit).invocation
         # A crash loop may have hit the unit's start limit; an explicit restart starts afresh.
         _systemctl("reset-failed", config.unit)
         _systemctl("restart", "--no-block", config.unit)
@@ -136,9 +140,10 @@ def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallba
                     return StartReport(False, f"the engine crashed while {phase}", elapsed, phase, seen)
             seen.extend(batch)
             state = unit_state(config.unit)
-            if baseline is None and state.active_state in ("activating", "active"):
+            new_run = state.invocation != old_run or not state.invocation  # (no ID: a systemd without them)
+            if baseline is None and new_run and state.active_state in ("activating", "active"):
                 baseline = state.restarts
-            if state.active_state == "active":
+            if state.active_state == "active" and new_run:
                 # Active means the ExecStartPost health gate passed.
                 return StartReport(True, "healthy", elapsed, "ready", seen)
             if state.active_state == "failed" or (baseline is not None and state.restarts > baseline):

@@ -7,7 +7,7 @@ import subprocess
 from datetime import datetime, timezone
 
 _PROPERTIES = ["ActiveState", "SubState", "NRestarts", "ActiveEnterTimestamp", "ExecMainStartTimestamp",
-               "MainPID", "ExecMainStatus", "Result", "UnitFileState", "LoadState"]
+               "MainPID", "ExecMainStatus", "Result", "UnitFileState", "LoadState", "InvocationID"]
 
 
 @dataclasses.dataclass
@@ -22,6 +22,7 @@ class UnitState:
     exit_status: int
     enabled: str
     active_since: datetime | None
+    invocation: str = ""  # systemd's ID of the unit's current run: a new one each start
 
     @property
     def uptime_s(self) -> float | None:
@@ -65,4 +66,5 @@ def unit_state(unit: str) -> UnitState:
         exit_status=number("ExecMainStatus"),
         enabled=props.get("UnitFileState", ""),
         active_since=_parse_timestamp(props.get("ActiveEnterTimestamp", "")),
+        invocation=props.get("InvocationID", ""),
     )

@@ -238,3 +238,38 @@ def test_a_stale_lock_info_file_names_no_holder(node):
     assert locking.holder(state) is None  # the pid now belongs to another process (this one)
     info.write_text(json.dumps({"holder": "opsctl restart", "pid": 2**22 + 1, "since": "03:00:00"}))
     assert locking.holder(state) is None  # no such process
+
+
+def test_the_old_run_still_active_is_not_taken_for_a_healthy_start(node, monkeypatch):
+    """`systemctl restart --no-block` only queues the job: a first look may still see the old
+    run, active. Only an active new run (a new InvocationID) counts as healthy."""
+    from opsctl import restart as restart_module
+    from opsctl.config import load_config
+    from opsctl.systemd import UnitState
+
+    def unit(active, sub, run):
+        return UnitState("sglang.service", "loaded", active, sub, "success", 0, 1, 0, "enabled", None, run)
+    looks = iter([unit("active", "running", "old"),  # read before the restart
+                  unit("active", "running", "old"), unit("deactivating", "stop-sigterm", "old"),
+                  unit("activating", "start-post", "new"), unit("active", "running", "new")])
+    seen = []
+    monkeypatch.setattr(restart_module, "unit_state", lambda name: seen.append(next(looks)) or seen[-1])
+    monkeypatch.setattr(restart_module, "_systemctl", lambda *args: None)
+    monkeypatch.setattr(restart_module.journal, "cursor", lambda name: None)
+
+    class Quiet:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def new_lines(self):
+            return []
+    monkeypatch.setattr(restart_module.journal, "JournalFollower", Quiet)
+    monkeypatch.setattr(restart_module.time, "sleep", lambda s: None)
+    report = restart_module.start_and_wait(load_config(), 60.0, lambda phase, elapsed: None)
+    assert report.ok and len(seen) == 5  # not at the second look, the old run's
