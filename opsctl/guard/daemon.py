@@ -225,8 +225,10 @@ class Guard:
         }.get(unit.sub_state, f"unit {unit.active_state}/{unit.sub_state}")
         self.store.audit("action", step_id=pending["id"], attempt=attempt, unit_state=unit.sub_state,
                          systemd=systemd_note, to=pending["to"], **extra)
-        # An as-is restart leaves the override file's values alone (only the restart path runs).
-        values = TunedValues() if pending["rung"] == policy.AS_IS else values_from(pending["to"])
+        # Only the values the step changes go into the override file (an as-is restart: none), so
+        # that a later inventory change of the others is not masked by an override of the guard.
+        values = TunedValues(**{name: value for name, value in pending["to"].items()
+                                if pending["rung"] != policy.AS_IS and pending["from"].get(name) != value})
         # A resumed step may have written its file before the kill: roll back to the file before it.
         rollback_text = pending.get("override_before") if resumed else None
         result = self.node.apply(values, f"guard step {pending['id']}: {pending['why']}", rollback_text)

@@ -83,6 +83,9 @@ def test_oom_step_is_recorded_in_order(setup):
     state = store.load()
     assert state["pending"] is None and state["last_good"]["values"] == decision["to"]
     assert summary(config)["budget_left"] == 3
+    # only what the step changes goes into the override file: a later inventory change of the
+    # fraction or the chunk is not masked by an override of the guard
+    assert node.applied == [TunedValues(expandable_segments=True)]
 
 
 def _kill_mid_step(make, store):
@@ -116,7 +119,7 @@ def test_resume_after_kill_when_the_step_did_not_happen_finishes_the_same_step(s
     _kill_mid_step(make, store)
     node, guard = make([ApplyResult(True, "ok", "healthy", 3.0)])
     guard.resume_pending()
-    assert node.applied == [TunedValues(0.94, 8192, True)]  # the same step, not the next rung
+    assert node.applied == [TunedValues(expandable_segments=True)]  # the same step, not the next rung
     decisions = [r for r in store.records() if r["event"] == "decision"]
     assert len(decisions) == 1 and store.load()["remediations"].__len__() == 1
 
