@@ -129,8 +129,10 @@ def guard_pause(reason: str) -> None:
 
 @guard.command("resume")
 @click.option("--reason", default="operator resume", show_default=True, help="Recorded in the audit log.")
-def guard_resume(reason: str) -> None:
+@click.option("--pause-only", is_flag=True,
+              help="Lift only a pause: a stop and the spent budget stay (what a rollout that paused the guard uses).")
+def guard_resume(reason: str, pause_only: bool) -> None:
     """Let the guard act again: lifts a pause or a stop and starts a new hour of budget."""
-    before = GuardStore.for_config(load_config()).resume(reason)
+    before = GuardStore.for_config(load_config()).resume(reason, pause_only=pause_only)
     lifted = [name for name, value in before.items() if value]
     err_console.print(f"guard resumed ({', '.join(lifted) + ' lifted' if lifted else 'it was not paused or stopped'})")

@@ -114,16 +114,18 @@ class GuardStore:
             self.audit("paused", reason=reason)
         return not already
 
-    def resume(self, reason: str) -> dict[str, Any]:
-        """Lift a pause and a stop; a new hour of budget starts (a person looked)."""
+    def resume(self, reason: str, pause_only: bool = False) -> dict[str, Any]:
+        """Lift a pause and a stop; a new hour of budget starts (a person looked). With
+        `pause_only` (a rollout that paused the guard for its own restarts), only the pause."""
         with self.update() as state:
-            before = {"paused": state["paused"], "stopped": state["stopped"]}
+            before = {"paused": state["paused"], "stopped": None if pause_only else state["stopped"]}
             state["paused"] = None
-            if state["status"] == STOPPED:
-                state["status"] = WATCHING
-            state["stopped"] = None
-            state["remediations"], state["blind_restarts"], state["failed"] = [], [], []
-        self.audit("resumed", reason=reason, **before)
+            if not pause_only:
+                if state["status"] == STOPPED:
+                    state["status"] = WATCHING
+                state["stopped"] = None
+                state["remediations"], state["blind_restarts"], state["failed"] = [], [], []
+        self.audit("resumed", reason=reason, pause_only=pause_only, **before)
         return before
 
 

@@ -268,3 +268,18 @@ def test_the_heartbeat_goes_on_while_a_step_runs(monkeypatch):
     heartbeat.stopping.set()
     heartbeat.join(1.0)
     assert len(beats) >= 5 and not heartbeat.is_alive()
+
+
+def test_resume_pause_only_leaves_a_stop_and_the_budget(setup):
+    """What a rollout that paused the guard lifts afterwards: its pause, not a stop the guard was
+    in (which needs a person) nor the remediations already spent this hour."""
+    _, store, _, _ = setup
+    with store.update() as state:
+        state["status"], state["stopped"] = "stopped", {"reason": "budget spent", "at": 1.0, "alert_id": "a"}
+        state["remediations"] = [time.time()]
+    store.pause("rollout r1")
+    before = store.resume("rollout r1 done", pause_only=True)
+    state = store.load()
+    assert before["paused"]["reason"] == "rollout r1" and state["paused"] is None
+    assert state["status"] == "stopped" and state["stopped"]["reason"] == "budget spent"
+    assert len(state["remediations"]) == 1
