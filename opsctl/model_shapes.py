@@ -136,7 +136,10 @@ def shape_from_hf_config(
         raise ShapeError(f"{path}: expected a JSON object")
     config = _text_config(config)
     layers = _require_int(config, "num_hidden_layers", path)
-    nbytes = dtype_bytes(kv_dtype or config.get("torch_dtype"), default=2)
+    # The KV cache follows the model's dtype under SGLang's --kv-cache-dtype auto, except that a
+    # float32 checkpoint is served in float16 (`_get_and_verify_dtype`): 2 bytes, not 4.
+    model_dtype = config.get("torch_dtype") or config.get("dtype")
+    nbytes = dtype_bytes(kv_dtype) if kv_dtype else min(2, dtype_bytes(model_dtype if isinstance(model_dtype, str) else None))
     name = str(config.get("model_type") or path.parent.name or "custom")
     if config.get("kv_lora_rank") is not None:
         return ModelShape(

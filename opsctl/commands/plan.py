@@ -72,7 +72,8 @@ def _table(rows: list[planner.PlanRow], chunks: list[int], target: int) -> Table
 @click.option(
     "--weights-gib",
     type=click.FloatRange(min=0),
-    help="Weights per GPU, GiB (SGLang's 'Load weight end ... mem usage').",
+    help="Weights per GPU, GiB: the target's 'Load weight end ... mem usage' plus a DFlash draft's "
+    "(SGLang loads the draft before it sizes the pool).",
 )
 @click.option(
     "--non-torch-gib",

@@ -47,6 +47,8 @@ TICK_S = 0.2
 # The state file's heartbeat: from its own thread, so that it goes on while a step runs (minutes);
 # `opsctl status` takes a beat older than 30 s for a dead guard.
 HEARTBEAT_S = 2.0
+# Incidents kept while no death is being decided.
+INCIDENTS_KEPT = 100
 # After a fatal line, how long to wait for the rest of the traceback before deciding anyway.
 CLASSIFY_GRACE_S = 1.5
 # Unit sub-states in which the engine is dead whatever else is true.
@@ -564,6 +566,9 @@ class Watcher:
             if self.fatal_at is None and any(marker in line for marker in FATAL_MARKERS):
                 self.fatal_at, self.fatal_wall, self.fatal_line = now, time.time(), line
             self.incidents.extend(self.scanner.feed(line))
+        # (a busy engine logs KV-pool retractions by the thousand between deaths; a death is
+        # judged from the incidents around it)
+        del self.incidents[:-INCIDENTS_KEPT]
         died = unit.sub_state in DEAD_SUB_STATES or unit.active_state == "failed" or unit.restarts > self.restarts
         if died and self.fatal_at is None:
             self.fatal_at, self.fatal_wall, self.fatal_line = now, time.time(), f"unit {unit.sub_state}"

@@ -308,3 +308,13 @@ def test_the_table_shows_fractions_as_given():
                                                "--fractions", "0.930:0.936:0.002"])
     assert result.exit_code == 0
     assert all(f in result.output for f in ("0.93 ", "0.932", "0.934", "0.936"))
+
+
+def test_a_float32_checkpoint_has_a_2_byte_kv_cache(tmp_path):
+    """SGLang serves a float32 checkpoint in float16 under --kv-cache-dtype auto
+    (`_get_and_verify_dtype`), so its KV cache takes 2 bytes an element, not 4."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                  "hidden_size": 2048, "torch_dtype": "float32"}))
+    assert model_shapes.shape_from_hf_config(config).kv_dtype_bytes == 2
+    assert model_shapes.shape_from_hf_config(config, kv_dtype="fp8_e4m3").kv_dtype_bytes == 1
