@@ -40,7 +40,19 @@ class NodeConfig:
     context_target: int = 200_000
     model_preset: str = "kimi-k2.6"
     start_timeout_s: float = 900.0
+    api_key_file: str = ""  # the engine's --config YAML holding its api-key; "" when it has none
     guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
+
+    def api_key(self) -> str | None:
+        """The engine's API key (its /server_info and /generate need it), or None."""
+        if not self.api_key_file:
+            return None
+        try:
+            data = yaml.safe_load(Path(self.api_key_file).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise click.ClickException(f"cannot read the engine's API key from {self.api_key_file}: {error}") from None
+        key = data.get("api-key", data.get("api_key")) if isinstance(data, dict) else None
+        return str(key) if key else None
 
 
 _PATH_FIELDS = {"env_file", "override_env_file", "state_dir"}

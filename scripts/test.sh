@@ -2,7 +2,8 @@
 # The tests, from nothing: installs what they need (scripts/bootstrap.sh), builds the lab images
 # and the real-SGLang parser venv, then runs pytest over every tier that needs no GPU: unit,
 # engine simulator, real-SGLang parser, kernel AOT build, lint, lab integration and molecule.
-# Extra arguments go to pytest, e.g. scripts/test.sh -m "not molecule" -x
+# Extra arguments go to pytest, e.g. scripts/test.sh -k "not molecule" -x (a -m of your own replaces
+# the "not gpu and not image" below: add those to it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)

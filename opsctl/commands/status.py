@@ -70,7 +70,7 @@ def collect(timeout_s: float) -> dict[str, Any]:
     except (FileNotFoundError, subprocess.TimeoutExpired) as error:
         unit = None
         problems.append((UNKNOWN, f"cannot read the unit's state: {error}"))
-    engine = look(config.engine_url, timeout_s)
+    engine = look(config.engine_url, timeout_s, api_key=config.api_key())
     effective = effective_config(config.env_file, config.override_env_file)
 
     if unit is not None:

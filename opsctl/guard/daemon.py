@@ -391,8 +391,10 @@ class SystemNode:
         if started is None or (override.exists() and started < override.stat().st_mtime):
             return False
         try:
-            info = httpx.get(self.config.engine_url.rstrip("/") + "/server_info", timeout=5).json()
-        except (httpx.HTTPError, ValueError):
+            key = self.config.api_key()
+            info = httpx.get(self.config.engine_url.rstrip("/") + "/server_info", timeout=5,
+                             headers={"Authorization": f"Bearer {key}"} if key else {}).json()
+        except (httpx.HTTPError, ValueError, click.ClickException):
             return False
         return (float(info.get("mem_fraction_static", -1)) == values.mem_fraction_static
                 and int(info.get("chunked_prefill_size", -1)) == values.chunked_prefill_size)

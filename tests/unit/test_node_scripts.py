@@ -46,3 +46,40 @@ def test_waits_out_the_budget_while_the_main_process_lives():
 def test_without_mainpid_only_the_budget_applies():
     result = wait_healthy(1, None, timeout=30)
     assert result.returncode == 1 and "not healthy after" in result.stderr
+
+
+ROLLOUT_NODE = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "rollout" / "files" / "sglang-rollout-node"
+
+
+def test_the_rollout_probes_send_the_engines_api_key(tmp_path, monkeypatch):
+    """An engine started with an API key answers 401 without it: the rollout's verify then took a
+    healthy engine for a down one, and rolled it back (and failed that too)."""
+    import http.server
+    import importlib.machinery
+    import importlib.util
+    import threading
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.headers.get("Authorization") == "Bearer sekrit" else 401)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    loader = importlib.machinery.SourceFileLoader("rollout_node", str(ROLLOUT_NODE))
+    node = importlib.util.module_from_spec(importlib.util.spec_from_loader("rollout_node", loader))
+    loader.exec_module(node)
+    url = f"http://127.0.0.1:{server.server_address[1]}/server_info"
+    try:
+        monkeypatch.setenv("SGLANG_API_KEY_FILE", "")
+        assert node.http(url)[0] == 401  # a node without a key file
+        key_file = tmp_path / "api-key.yaml"
+        key_file.write_text("api-key: sekrit\n")
+        monkeypatch.setenv("SGLANG_API_KEY_FILE", str(key_file))
+        assert node.http(url)[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -27,3 +27,29 @@ def test_gpu_fields_nvidia_smi_cannot_give_are_none(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert status.gpu_summary() == [{"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell", "memory_used_mib": None,
                                      "memory_total_mib": 97887.0, "utilization_pct": None}]
+
+
+def test_status_sends_the_engines_api_key(tmp_path, monkeypatch):
+    """An engine with an API key answers /server_info only with it: status read the engine's
+    figures as missing on such a node."""
+    key_file = tmp_path / "api-key.yaml"
+    key_file.write_text("api-key: sekrit\n")
+    config = tmp_path / "opsctl.yml"
+    config.write_text(f"api_key_file: {key_file}\nenv_file: {tmp_path / 'a.env'}\n"
+                      f"override_env_file: {tmp_path / 'b.env'}\nstate_dir: {tmp_path / 'state'}\n")
+    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    seen = {}
+
+    def look(url, timeout_s, api_key=None):
+        seen["api_key"] = api_key
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(status, "look", look)
+    monkeypatch.setattr(status, "unit_state", lambda unit: None)
+    try:
+        status.collect(1.0)
+    except RuntimeError:
+        pass
+    assert seen["api_key"] == "sekrit"
+    key_file.write_text("[not: a mapping")
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    assert "cannot read the engine's API key" in result.output

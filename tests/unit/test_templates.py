@@ -66,3 +66,17 @@ def test_wildcard_bind_is_probed_on_loopback():
     unit = render.render("sglang.service.j2", render.role_settings(sglang_host="0.0.0.0"))
     assert "--host 0.0.0.0" in unit
     assert "sglang-wait-healthy http://127.0.0.1:30000/health 900" in unit
+
+
+def test_extra_vars_given_as_strings_render_as_their_values():
+    """`-e sglang_disable_radix_cache=false` gives the string 'false', which Jinja takes as true:
+    before, it added --disable-radix-cache, and `-e sglang_start_timeout_s=1200` failed in the
+    unit after the env file was written."""
+    unit = render.render("sglang.service.j2", render.role_settings(
+        sglang_disable_radix_cache="false", sglang_enable_metrics="false", sglang_trust_remote_code="false",
+        sglang_start_timeout_s="1200", sglang_stop_grace_s="45"))
+    for flag in ("--disable-radix-cache", "--enable-metrics", "--trust-remote-code"):
+        assert flag not in unit
+    assert "TimeoutStartSec=1230" in unit and "TimeoutStopSec=75" in unit
+    on = render.render("sglang.service.j2", render.role_settings(sglang_disable_radix_cache="true"))
+    assert "--disable-radix-cache" in on
