@@ -287,6 +287,7 @@ def _verify_split_kernel_teams(
     gl.static_assert(BLOCK_N == 32)
     gl.static_assert(gl.num_warps() == 4)  # team 0; team 1 and the loader are the worker partitions
     gl.static_assert(KV.dtype.element_ty == gl.bfloat16)  # bf16 pools (fp8 ones run verify_mma2.py's kernel)
+    gl.static_assert(TEAM_ROWS % 8 == 0)  # (a team's rows of a swizzled rope buffer keep its 8-row phases)
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
