@@ -271,16 +271,13 @@ def test_an_oom_in_a_serving_graph_replay_is_not_a_startup_failure():
     assert [(i.kind, i.phase, i.classification) for i in incidents] == [("cuda_oom", "serving", oom.ACTIVATION_SPIKE)]
 
 
-def test_cli_on_the_node_reads_its_unit_and_env_files(tmp_path, monkeypatch):
+def test_cli_on_the_node_reads_its_unit_and_env_files(tmp_path, monkeypatch, node_config):
     """On the node the journal of the configured unit is read, and the env files say what the
     log does not: with expandable_segments on there, the OOM is an activation spike, as the
     guard judges it (before: sglang.service whatever the config, and 'enable expandable_segments')."""
     env_file = tmp_path / "sglang.env"
     env_file.write_text("SGLANG_MEM_FRACTION_STATIC=0.93\nPYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n")
-    config = tmp_path / "opsctl.yml"
-    config.write_text(f"unit: engine.service\nenv_file: {env_file}\noverride_env_file: {tmp_path / 'none.env'}\n"
-                      f"state_dir: {tmp_path / 'state'}\n")
-    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    node_config(unit="engine.service")
     monkeypatch.delenv("OPSCTL_UNIT", raising=False)
     read = []
 

@@ -29,15 +29,12 @@ def test_gpu_fields_nvidia_smi_cannot_give_are_none(tmp_path, monkeypatch):
                                      "memory_total_mib": 97887.0, "utilization_pct": None}]
 
 
-def test_status_sends_the_engines_api_key(tmp_path, monkeypatch):
+def test_status_sends_the_engines_api_key(tmp_path, monkeypatch, node_config):
     """An engine with an API key answers /server_info only with it: status read the engine's
     figures as missing on such a node."""
     key_file = tmp_path / "api-key.yaml"
     key_file.write_text("api-key: sekrit\n")
-    config = tmp_path / "opsctl.yml"
-    config.write_text(f"api_key_file: {key_file}\nenv_file: {tmp_path / 'a.env'}\n"
-                      f"override_env_file: {tmp_path / 'b.env'}\nstate_dir: {tmp_path / 'state'}\n")
-    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    node_config(api_key_file=str(key_file))
     seen = {}
 
     def look(url, timeout_s, api_key=None):
