@@ -254,7 +254,9 @@ class Guard:
             elif result.outcome == "deferred":
                 state["remediations"] = [t for t in state["remediations"] if t != pending["decided_at"]]
                 state["blind_restarts"] = [t for t in state["blind_restarts"] if t != pending["decided_at"]]
-            elif pending["to"] != pending["from"] and pending["to"] not in state["failed"]:
+            elif (result.outcome in ("rolled_back", "down") and pending["to"] != pending["from"]
+                  and pending["to"] not in state["failed"]):
+                # (an `error` outcome, systemctl failing, says nothing of the config: not passed over)
                 state["failed"].append(pending["to"])
 
     def resume_pending(self) -> None:

@@ -283,3 +283,14 @@ def test_resume_pause_only_leaves_a_stop_and_the_budget(setup):
     assert before["paused"]["reason"] == "rollout r1" and state["paused"] is None
     assert state["status"] == "stopped" and state["stopped"]["reason"] == "budget spent"
     assert len(state["remediations"]) == 1
+
+
+def test_a_step_that_could_not_be_carried_out_is_tried_again_not_passed_over(setup):
+    """systemctl failing (outcome `error`) says nothing of the step's config: the same rung is
+    tried again within the budget (before: the config was marked failed and the ladder moved on)."""
+    _, store, make, _ = setup
+    node, guard = make([ApplyResult(False, "error", "systemctl restart sglang.service failed: timeout"),
+                        ApplyResult(True, "ok", "healthy", 3.0)])
+    guard.on_death(policy.Death(oom.FRAGMENTATION, "cuda_oom"), {})
+    assert node.applied == [TunedValues(expandable_segments=True)] * 2
+    assert store.load()["failed"] == [] and store.records()[-1]["outcome"] == "ok"
