@@ -83,5 +83,15 @@ def render_overrides(values: TunedValues, env_file: Path, written_by: str, reaso
     })
 
 
+def values_in_force(env_file: Path, override_file: Path) -> TunedValues:
+    """The tuned values the engine's next start reads: opsctl's overrides over Ansible's file."""
+    return values_in_file(override_file).merged_over(values_in_file(env_file))
+
+
+def read_override_text(path: Path) -> str:
+    """The override file's text, byte for byte ("" when there is none): what a rollback restores."""
+    return path.read_text() if path.exists() else ""
+
+
 def write_override_text(path: Path, text: str) -> None:
     atomic_write(path, text, mode=0o644)

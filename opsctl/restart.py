@@ -24,7 +24,15 @@ from opsctl import journal, oom, planner
 from opsctl.config import NodeConfig
 from opsctl.locking import engine_lock
 from opsctl.model_shapes import preset
-from opsctl.overrides import TunedValues, render_overrides, validate, values_in, values_in_file, write_override_text
+from opsctl.overrides import (
+    TunedValues,
+    read_override_text,
+    render_overrides,
+    validate,
+    values_in,
+    values_in_file,
+    write_override_text,
+)
 from opsctl.render import parse_env_file
 from opsctl.state import actor, append_record, read_records
 from opsctl.systemd import unit_state
@@ -249,9 +257,7 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
     validate(requested)
     ansible = values_in_file(config.env_file)
     with engine_lock(config.state_dir, f"{actor()}: restart", wait_lock_s):
-        old_text = config.override_env_file.read_text() if config.override_env_file.exists() else ""
-        if rollback_text is not None:
-            old_text = rollback_text
+        old_text = read_override_text(config.override_env_file) if rollback_text is None else rollback_text
         current = values_in(parse_env_file(old_text), str(config.override_env_file))
         overrides = requested if replace else requested.merged_over(current)
         before, after = current.merged_over(ansible), overrides.merged_over(ansible)

@@ -16,7 +16,7 @@ from rich.table import Table
 from opsctl import oom as oom_lib
 from opsctl.config import load_config
 from opsctl.output import console, err_console, print_json
-from opsctl.overrides import TunedValues, values_in_file
+from opsctl.overrides import TunedValues, values_in_force
 from opsctl.startup_log import GIB, EngineConfig
 
 EXIT_NONE_FOUND = 0
@@ -165,16 +165,13 @@ def oom(
         lines = _read_file(file_)
     else:
         config = load_config()
-        unit = unit or config.unit
-        in_force = values_in_file(config.override_env_file).merged_over(values_in_file(config.env_file))
-        flags = flags.merged_over(in_force)
-    hint = EngineConfig(mem_fraction_static=flags.mem_fraction_static, chunked_prefill_size=flags.chunked_prefill_size,
-                        expandable_segments=flags.expandable_segments)
-    if file_ is None:
+        flags = flags.merged_over(values_in_force(config.env_file, config.override_env_file))
         try:
-            lines = list(oom_lib.read_journal(unit, since))
+            lines = list(oom_lib.read_journal(unit or config.unit, since))
         except oom_lib.JournalError as exc:
             raise click.ClickException(str(exc)) from None
+    hint = EngineConfig(mem_fraction_static=flags.mem_fraction_static, chunked_prefill_size=flags.chunked_prefill_size,
+                        expandable_segments=flags.expandable_segments)
     incidents = oom_lib.analyze(lines, hint)
     if json_:
         print_json({"incidents": incidents, "count": len(incidents)})

@@ -38,7 +38,7 @@ from opsctl.config import NodeConfig
 from opsctl.guard import policy
 from opsctl.guard.alert import raise_alert
 from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, values_dict, values_from
-from opsctl.overrides import TunedValues, values_in_file
+from opsctl.overrides import TunedValues, read_override_text, values_in_force
 from opsctl.restart import FATAL_MARKERS, PLANNER_JOURNAL_LINES, PLANNER_JOURNAL_TIMEOUT_S, node_plan_inputs, restart
 from opsctl.startup_log import EngineConfig
 from opsctl.systemd import UnitState, unit_state
@@ -331,7 +331,7 @@ class SystemNode:
         self.config = config
 
     def effective(self) -> TunedValues:
-        return values_in_file(self.config.override_env_file).merged_over(values_in_file(self.config.env_file))
+        return values_in_force(self.config.env_file, self.config.override_env_file)
 
     def unit(self) -> UnitState:
         return unit_state(self.config.unit)
@@ -340,8 +340,7 @@ class SystemNode:
         return locking.holder(self.config.state_dir, other_than=os.getpid())
 
     def override_text(self) -> str:
-        path = self.config.override_env_file
-        return path.read_text() if path.exists() else ""
+        return read_override_text(self.config.override_env_file)
 
     def apply(self, values: TunedValues, reason: str, rollback_text: str | None = None) -> ApplyResult:
         try:
