@@ -89,10 +89,16 @@ def _block_cols(W: gl.constexpr, L3: gl.constexpr):
 # this kernel's 8-warp ones by default; verify_teams.py's loader passes its 2-warp ones (and an RR
 # of [rows, 64] for its rope lines).
 @gluon.constexpr_function
+def _is_lines(L):
+    """Copy layout L is [rows, W], one whole row a latent (verify_teams.py's rope lines), not a
+    row's [4, rows, W] column blocks."""
+    return len(L.size_per_thread) == 2
+
+
+@gluon.constexpr_function
 def _row_layout(L):
-    """The layout of a row vector (one value a row) of copy layout L: [4, rows, W] blocks, or
-    [rows, W] (verify_teams.py's rope copies)."""
-    if len(L.size_per_thread) == 2:
+    """The layout of a row vector (one value a row) of copy layout L."""
+    if _is_lines(L):
         return gl.SliceLayout(1, L)
     return gl.SliceLayout(0, gl.SliceLayout(2, L))
 
@@ -100,10 +106,15 @@ def _row_layout(L):
 @gluon.jit
 def _copy_rows(kn_buf, kp_buf, starts, NR: gl.constexpr = NOPE_ROWS, RR: gl.constexpr = ROPE_ROWS):
     """cp.async of 576-value rows (starts: their first values, a [32] vector for the nope and one
-    for the rope copies) into a K buffer's column blocks; the caller commits the group."""
+    for the rope copies) into a K buffer's column blocks (the rope part as [rows, 64] lines when RR
+    is a lines layout); the caller commits the group."""
     starts_n, starts_r = starts
     cp.async_copy_global_to_shared(kn_buf, starts_n[None, :, None] + _block_cols(128, NR))
-    cp.async_copy_global_to_shared(kp_buf, starts_r[None, :, None] + 512 + _block_cols(16, RR))
+    if _is_lines(RR):
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, RR))
+        cp.async_copy_global_to_shared(kp_buf, starts_r[:, None] + 512 + cols[None, :])
+    else:
+        cp.async_copy_global_to_shared(kp_buf, starts_r[None, :, None] + 512 + _block_cols(16, RR))
 
 
 @gluon.jit

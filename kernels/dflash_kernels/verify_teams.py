@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
 
 from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 from .verify_gluon import _online_softmax_step
-from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _block_cols, _blocks, _q_starts, _row_starts, _s_of, _slots
+from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _blocks, _copy_rows, _q_starts, _row_starts, _s_of, _slots
 
 TEAM_ROWS = gl.constexpr(16)
 TEAM_WARPS = 4  # the launch's num_warps: team 0, the default partition (team 1 and the loader come on top)
@@ -140,14 +140,11 @@ def _team_rope_view(kp_buf, TEAM: gl.constexpr, ROPE_LINES: gl.constexpr):
 def _copy_counted(kn_buf, kp_buf, bar, starts, ROPE_LINES: gl.constexpr):
     """cp.async of 32 rows of 576 values (starts: their first values, in the loader's layouts)
     into a K buffer, counted on bar as they land."""
-    starts_n, starts_r = starts
-    cp.async_copy_global_to_shared(_blocks(kn_buf, KN3_SH), starts_n[None, :, None] + _block_cols(128, NOPE_ROWS))
     if ROPE_LINES:
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ROPE_LINES_ROWS))
-        cp.async_copy_global_to_shared(kp_buf, starts_r[:, None] + 512 + cols[None, :])
+        kp_dst = kp_buf
     else:
-        cp.async_copy_global_to_shared(_blocks(kp_buf, KP3_SH),
-                                       starts_r[None, :, None] + 512 + _block_cols(16, ROPE_ROWS))
+        kp_dst = _blocks(kp_buf, KP3_SH)
+    _copy_rows(_blocks(kn_buf, KN3_SH), kp_dst, starts, NOPE_ROWS, _rope_copies(ROPE_LINES))
     cp.mbarrier_arrive(bar, increment_count=False)
 
 
