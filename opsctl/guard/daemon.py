@@ -37,7 +37,7 @@ from opsctl import journal, locking, oom, planner
 from opsctl.config import NodeConfig
 from opsctl.guard import policy
 from opsctl.guard.alert import raise_alert
-from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, values_dict, values_from
+from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, held, values_dict, values_from
 from opsctl.overrides import TunedValues, read_override_text, values_in_force
 from opsctl.restart import FATAL_MARKERS, PLANNER_JOURNAL_LINES, PLANNER_JOURNAL_TIMEOUT_S, node_plan_inputs, restart
 from opsctl.startup_log import EngineConfig
@@ -161,20 +161,11 @@ class Guard:
             if result.outcome in ("ok", "deferred", "rolled_back"):
                 return
 
-    def _held(self) -> str | None:
-        """Why the guard must not act now (paused or stopped meanwhile), or None."""
-        state = self.store.load()
-        if state["paused"]:
-            return f"the guard was paused by {state['paused'].get('by', '?')}: {state['paused'].get('reason', '')}"
-        if state["status"] == STOPPED:
-            return "the guard was stopped"
-        return None
-
     def _overtaken(self, decided_on: TunedValues) -> bool:
         """After a backoff: True (and audited) when the step must not run any more, because the
         guard was paused or stopped, another change holds the lock, or the config it was decided on
         changed meanwhile (an operator's restart or `overrides clear`): it would overwrite that."""
-        why = self._held()
+        why = held(self.store.load())
         if why is None and (holder := self.node.lock_holder()):
             why = f"an engine change started during the backoff ({holder}); it decides the engine's fate"
         if why is None and (now_in_force := policy.complete(self.node.effective())) != decided_on:
@@ -267,8 +258,8 @@ class Guard:
         seen = {r["event"] for r in self.store.records() if r.get("step_id") == pending["id"]}
         if "decision" not in seen:
             self._audit_decision(pending, recovered=True)
-        if (held := self._held()) is not None:
-            self._finish(pending, ApplyResult(False, "deferred", f"{held}; the step is not finished"), recovered=True)
+        if (why := held(self.store.load())) is not None:
+            self._finish(pending, ApplyResult(False, "deferred", f"{why}; the step is not finished"), recovered=True)
             return
         self.store.audit("resumed-step", step_id=pending["id"], phase=pending["phase"],
                          why="the guard was restarted in the middle of this step; finishing it")
@@ -532,7 +523,7 @@ class Watcher:
                 lines = self.follower.new_lines()
                 unit = self.node.unit()
                 self._unit_active = unit.active_state == "active"
-                if state["paused"] or state["status"] == STOPPED:
+                if held(state) is not None:
                     idle = True
                     self.restarts = unit.restarts
                     time.sleep(TICK_S)

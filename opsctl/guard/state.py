@@ -55,6 +55,15 @@ def empty_state() -> dict[str, Any]:
     }
 
 
+def held(state: dict[str, Any]) -> str | None:
+    """Why the guard must not act (paused or stopped), from its state, or None."""
+    if state["paused"]:
+        return f"the guard was paused by {state['paused'].get('by', '?')}: {state['paused'].get('reason', '')}"
+    if state["status"] == STOPPED:
+        return "the guard was stopped"
+    return None
+
+
 def values_dict(values: TunedValues | None) -> dict[str, Any] | None:
     return None if values is None else dataclasses.asdict(values)
 
