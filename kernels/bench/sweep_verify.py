@@ -74,13 +74,13 @@ VARIANTS = {
     # the Gluon kernel over S^T for mma.sync GPUs (verify_mma2.py): Q in registers, 8 warps
     "sm120-mma2": V(32, 32, 8, 2, mma2=True),
     # session 12: the same as two teams of 4 warps and a loader, out of phase (verify_teams.py;
-    # CONFIGS["sm120"], which runs sm120-mma2 for fp8 pools)
+    # sm_120 ran it for bf16 pools in sessions 12-14, and runs sm120-mma2 for fp8 pools)
     "sm120-teams": V(32, 32, 8, 2, mma2=True, teams=True),
-    # session 14 (built, not yet run): the teams' rope part held as one 128-byte line a latent,
-    # so that each 8 lanes of the loader copy one line of the pool (verify_teams.py, ROPE_LINES)
+    # session 14: the teams' rope part held as one 128-byte line a latent, so that each 8 lanes
+    # of the loader copy one line of the pool (verify_teams.py, ROPE_LINES)
     "sm120-teams-lines": V(32, 32, 8, 2, mma2=True, teams=True, rope_lines=True),
     # and the partial sums of S^T in an XOR layout that no store or load meets a bank twice in
-    # (verify_teams.py, SUMS_XOR), alone and with the rope lines
+    # (verify_teams.py, SUMS_XOR), alone and with the rope lines (CONFIGS["sm120"] since session 15)
     "sm120-teams-xor": V(32, 32, 8, 2, mma2=True, teams=True, sums_xor=True),
     "sm120-teams-lines-xor": V(32, 32, 8, 2, mma2=True, teams=True, rope_lines=True, sums_xor=True),
     # tiles small enough for two programs an SM on sm_120 too (under 50 KB and 32 K registers)

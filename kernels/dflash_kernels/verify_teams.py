@@ -63,7 +63,7 @@ ROW_O = gl.constexpr(gl.SliceLayout(0, OT_L))
 LOADER_WARPS = gl.constexpr(2)
 NOPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, 2, 1], [2, 1, 0]))
 ROPE_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [1, 2, 1], [2, 1, 0]))
-# ROPE_LINES (a candidate, session 14; built, not yet run): a K buffer holds the rope part as
+# ROPE_LINES (session 14; shipped in CONFIGS["sm120"] since session 15): a K buffer holds the rope part as
 # [32, 64], one 128-byte row a latent with its 16-byte pieces swizzled over 8 rows (KPL_SH), so
 # that each 8 lanes copy one whole line of the pool ([32, 64]); S^T reads the same bytes as four
 # 16-column blocks through a linear layout (_rope_view).
@@ -72,7 +72,7 @@ KPL_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
 # a team's S^T partial sums: fp32 rows of 64 bytes, two a 128-byte line
 SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
 SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 2, 4, [2, 1, 0]))
-# SUMS_XOR (a candidate, session 14; built, not yet run): the partial sums [4, 32 latents, 16 rows]
+# SUMS_XOR (session 14; shipped since session 15): the partial sums [4, 32 latents, 16 rows]
 # in a linear (XOR) layout where neither the mma fragments' 64-bit stores nor the softmax's loads
 # meet a bank twice. In SP3_SH a store takes 2 wavefronts where 1 would do (ncu, session 13: 2.17 M
 # excess at 128k, t = 16), and no swizzle of that kind keeps the loads free too. Here the bank of

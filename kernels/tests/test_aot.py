@@ -267,7 +267,7 @@ def _swizzled_offset(layout, row, col, row_len):
 
 @pytest.mark.parametrize("rows", [16, 32])
 def test_rope_lines_view_reads_the_copied_bytes(rows):
-    """The candidate's S^T view of a rope part held as lines (verify_teams.py, rope_lines_layout:
+    """The teams' S^T view of a rope part held as lines (verify_teams.py, rope_lines_layout:
     [4, rows, 16], a linear layout) finds value 16g + c of row r where the loader's copy into the
     swizzled [rows, 64] buffer (KPL_SH) put it, for every element; 16 rows is a team's Q view."""
     bases = teams.rope_lines_layout(rows).offset_bases
@@ -284,8 +284,8 @@ def test_rope_lines_view_reads_the_copied_bytes(rows):
 
 
 @gluon.jit
-def _candidate_layout_banks(SUMS: gl.constexpr):
-    """Compiles only if the candidates' layouts meet no bank twice: S^T's and Q's loads through
+def _teams_layout_banks(SUMS: gl.constexpr):
+    """Compiles only if the teams' layouts meet no bank twice: S^T's and Q's loads through
     the rope lines' views; the partial sums' stores from the mma fragments and the softmax's
     loads, in layout SUMS."""
     buf = gl.allocate_shared_memory(gl.bfloat16, [32, 64], teams.KPL_SH)
@@ -299,13 +299,14 @@ def _candidate_layout_banks(SUMS: gl.constexpr):
                                        sums.permute((0, 2, 1)).type) == 0)
 
 
-def test_candidate_layouts_meet_no_bank_twice():
-    """Session 14's candidates for the teams, by Gluon's own count; the shipped partial sums
-    (SP3_SH) fail it: their stores took 2 wavefronts where 1 would do under ncu (session 13)."""
+def test_teams_layouts_meet_no_bank_twice():
+    """The teams' rope lines and XOR partial sums (session 14), by Gluon's own count; session
+    13's partial sums (SP3_SH) fail it: their stores took 2 wavefronts where 1 would do under
+    ncu."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     def build(sums):
-        src = GluonASTSource(fn=_candidate_layout_banks, signature={"SUMS": "constexpr"}, constexprs={"SUMS": sums})
+        src = GluonASTSource(fn=_teams_layout_banks, signature={"SUMS": "constexpr"}, constexprs={"SUMS": sums})
         return triton.compile(src, target=GPUTarget("cuda", 120, 32), options={"num_warps": teams.TEAM_WARPS})
 
     build(teams.SP_XOR)
@@ -313,10 +314,10 @@ def test_candidate_layouts_meet_no_bank_twice():
         build(teams.SP3_SH)
 
 
-def test_teams_candidates_build_for_sm120(tmp_path):
-    """The candidates (session 14, not yet run on a GPU) build for sm_120a as the shipped teams
-    kernel does: no spill, the same shared memory, the same counts of shared-memory loads and
-    stores, ldmatrix, copies and mma (they move bytes, not work)."""
+def test_teams_layouts_build_alike_for_sm120(tmp_path):
+    """Each combination of the teams' layouts (rope lines, XOR partial sums) builds for sm_120a
+    as session 13's teams kernel does: no spill, the same shared memory, the same counts of
+    shared-memory loads and stores, ldmatrix, copies and mma (they move bytes, not work)."""
     counts = {}
     for lines, xor in ((False, False), (True, False), (False, True), (True, True)):
         cfg = va.VerifyConfig(32, 32, 8, 2, mma2=True, teams=True, rope_lines=lines, sums_xor=xor)

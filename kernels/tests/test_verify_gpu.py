@@ -253,13 +253,13 @@ CANDIDATES = [
     va.VerifyConfig(64, 32, 8, 3, 64, True), va.VerifyConfig(64, 32, 8, 4, 64, True),
     va.VerifyConfig(64, 32, 8, 2), va.VerifyConfig(64, 16, 8, 4),
     va.VerifyConfig(32, 16, 4, 2), va.VerifyConfig(32, 32, 4, 2),  # sm_80's and SM120_TRITON_FP8; SM120_TRITON
-    va.CONFIGS["sm120"],  # sm_120's Gluon kernel over S^T as two teams (mma.sync runs on sm_90 too)
-    MMA2_8W,  # the same in 8 warps, which sm_120 runs for fp8 pools
-    # the teams with each latent's rope part as one 128-byte line, and with the partial sums in an
-    # XOR layout (candidates, session 14)
+    # sm_120's Gluon kernel over S^T as two teams (mma.sync runs on sm_90 too), with the rope part
+    # as lines and the partial sums in the XOR layout; then each layout alone and session 13's
+    va.CONFIGS["sm120"],
     va.VerifyConfig(32, 32, 8, 2, mma2=True, teams=True, rope_lines=True),
     va.VerifyConfig(32, 32, 8, 2, mma2=True, teams=True, sums_xor=True),
-    va.VerifyConfig(32, 32, 8, 2, mma2=True, teams=True, rope_lines=True, sums_xor=True),
+    va.VerifyConfig(32, 32, 8, 2, mma2=True, teams=True),
+    MMA2_8W,  # the same in 8 warps, which sm_120 runs for fp8 pools
     va.VerifyConfig(32, 32, 4, 2, 64, True, 2.0), va.VerifyConfig(32, 16, 4, 3, 64, True, 2.0),
     va.VerifyConfig(16, 32, 4, 2, 64, True, 2.0),
     va.VerifyConfig(64, 64, 8, 1, 64, gluon=True),  # the Gluon split kernel (sm_90 only)
