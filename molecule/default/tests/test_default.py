@@ -36,6 +36,13 @@ def test_engine_container_runs_from_the_built_image(host):
     assert image["Id"] == inspect["Image"]
 
 
+def test_build_context_holds_only_what_the_sources_hold(host):
+    """prepare.yml left a file the sources do not have; the image role removed it."""
+    context = "/opt/dflash/images/dflash-lab_sglang-sim"
+    assert host.file(f"{context}/sglang_sim/server.py").exists
+    assert not host.file(f"{context}/sglang_sim/removed_module.py").exists
+
+
 def test_health_and_a_real_generate(host):
     assert host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' {ENGINE}/health") == "200"
     body = json.dumps({"text": "The quick brown fox", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
