@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import queue
 import shutil
 import subprocess
 import threading
+from datetime import datetime
 
 
 def cursor(unit: str) -> str | None:
@@ -34,33 +37,65 @@ def excerpt(unit: str, lines: int = 30) -> str | None:
     return "\n".join(tail(unit, lines)) or None
 
 
-class JournalFollower:
-    """`journalctl -f` of one unit from a cursor, read by a thread into a queue.
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One journal entry: its line as `journalctl -o short-iso` prints it (the format the OOM
+    analyzer reads), and the run of the unit it belongs to."""
 
-    Lines keep journalctl's short-iso prefix, the format the OOM analyzer reads.
-    """
+    text: str
+    invocation: str  # systemd's InvocationID of the unit's run ("" where journald names none)
+
+
+def _field(record: dict, name: str) -> str:
+    value = record.get(name, "")
+    if isinstance(value, list):  # journald's JSON gives bytes that are not UTF-8 as numbers
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+def entry_from_json(line: str) -> Entry:
+    """An `-o json` record as an Entry. The engine's own lines carry the run in
+    _SYSTEMD_INVOCATION_ID (journald attaches it to the unit's stdout); systemd's lines about
+    the unit ("Stopping ...", "Main process exited ...") in INVOCATION_ID."""
+    record = json.loads(line)
+    stamp = datetime.fromtimestamp(int(_field(record, "__REALTIME_TIMESTAMP") or 0) / 1e6).astimezone()
+    ident = _field(record, "SYSLOG_IDENTIFIER") or _field(record, "_COMM")
+    pid = _field(record, "SYSLOG_PID") or _field(record, "_PID")
+    text = (f"{stamp.strftime('%Y-%m-%dT%H:%M:%S%z')} {_field(record, '_HOSTNAME')} "
+            f"{ident}{f'[{pid}]' if pid else ''}: {_field(record, 'MESSAGE')}")
+    return Entry(text, _field(record, "INVOCATION_ID") or _field(record, "_SYSTEMD_INVOCATION_ID"))
+
+
+class JournalFollower:
+    """`journalctl -f` of one unit from a cursor, read by a thread into a queue."""
 
     def __init__(self, unit: str, after_cursor: str | None):
-        command = ["journalctl", "-u", unit, "-f", "-o", "short-iso", "--no-pager"]
+        command = ["journalctl", "-u", unit, "-f", "-o", "json", "--no-pager"]
         command += ["--after-cursor", after_cursor] if after_cursor else ["-n", "0"]
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                          text=True, errors="replace")
-        self._lines: queue.Queue[str] = queue.Queue()
+        self._entries: queue.Queue[Entry] = queue.Queue()
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
 
     def _pump(self) -> None:
         assert self._process.stdout is not None
         for line in self._process.stdout:
-            self._lines.put(line.rstrip("\n"))
+            try:
+                self._entries.put(entry_from_json(line))
+            except (ValueError, TypeError):  # a record cut off by a dying journalctl
+                continue
 
-    def new_lines(self) -> list[str]:
-        lines = []
+    def new_entries(self) -> list[Entry]:
+        entries = []
         while True:
             try:
-                lines.append(self._lines.get_nowait())
+                entries.append(self._entries.get_nowait())
             except queue.Empty:
-                return lines
+                return entries
+
+    def new_lines(self) -> list[str]:
+        return [entry.text for entry in self.new_entries()]
 
     def close(self) -> None:
         self._process.terminate()

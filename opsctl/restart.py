@@ -110,7 +110,7 @@ def _systemctl(*args: str) -> None:
 CRASH_END_MARKERS = ("It usually means the child failed", "It usually means one child failed")
 
 
-def _rest_of_crash(follower: journal.JournalFollower, so_far: list[str], wait_s: float = 5.0) -> list[str]:
+def _rest_of_crash(read: Callable[[], list[str]], so_far: list[str], wait_s: float = 5.0) -> list[str]:
     """The traceback's remaining lines: read until the launcher's SIGQUIT line (or `wait_s`)."""
     lines: list[str] = []
     deadline = time.monotonic() + wait_s
@@ -118,9 +118,9 @@ def _rest_of_crash(follower: journal.JournalFollower, so_far: list[str], wait_s:
         if time.monotonic() > deadline:
             return lines
         time.sleep(0.2)
-        lines.extend(follower.new_lines())
+        lines.extend(read())
     time.sleep(0.3)  # the last lines journald has not handed over yet
-    return lines + follower.new_lines()
+    return lines + read()
 
 
 def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallback) -> StartReport:
@@ -133,18 +133,23 @@ def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallba
         # the old run, active. Only a new run (a new InvocationID) that is active has passed the
         # health gate on the new files.
         old_run = unit_state(config.unit).invocation
+
+        def new_run_lines() -> list[str]:
+            # The old run's last lines (its stop, or a crash of its own as the restart began)
+            # say nothing about the new files: a fatal line of theirs must not fail this start.
+            return [entry.text for entry in follower.new_entries() if not old_run or entry.invocation != old_run]
         # A crash loop may have hit the unit's start limit; an explicit restart starts afresh.
         _systemctl("reset-failed", config.unit)
         _systemctl("restart", "--no-block", config.unit)
         baseline = None
         while True:
             elapsed = time.monotonic() - started
-            batch = follower.new_lines()
+            batch = new_run_lines()
             for index, line in enumerate(batch):
                 phase = next((name for marker, name in PHASES if marker in line), phase)
                 if any(marker in line for marker in FATAL_MARKERS):
                     seen.extend(batch)  # the traceback often arrives in the same batch
-                    seen.extend(_rest_of_crash(follower, batch[index:]))
+                    seen.extend(_rest_of_crash(new_run_lines, batch[index:]))
                     return StartReport(False, f"the engine crashed while {phase}", elapsed, phase, seen)
             seen.extend(batch)
             state = unit_state(config.unit)

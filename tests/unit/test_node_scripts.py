@@ -1,5 +1,8 @@
 """The shell helpers the sglang role installs on a node, run here as the unit would run them."""
 
+import importlib.machinery
+import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -51,12 +54,37 @@ def test_without_mainpid_only_the_budget_applies():
 ROLLOUT_NODE = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "rollout" / "files" / "sglang-rollout-node"
 
 
+def rollout_node():
+    """The rollout's node script (a file without a .py suffix) as a module."""
+    loader = importlib.machinery.SourceFileLoader("rollout_node", str(ROLLOUT_NODE))
+    node = importlib.util.module_from_spec(importlib.util.spec_from_loader("rollout_node", loader))
+    loader.exec_module(node)
+    return node
+
+
+def test_the_rollout_start_reads_only_the_new_runs_journal(monkeypatch):
+    """The old run's crash as it is stopped (a hung engine's watchdog exception) must not fail the
+    new start; the new run's lines and systemd's lines about it are read."""
+    node = rollout_node()
+    records = [{"_SYSTEMD_INVOCATION_ID": "old", "MESSAGE": "[TP0] Scheduler hit an exception: Traceback"},
+               {"INVOCATION_ID": "old", "MESSAGE": "sglang.service: Main process exited, code=killed"},
+               {"INVOCATION_ID": "new", "MESSAGE": "Started sglang.service"},
+               {"_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": list(b"Load weight begin \xff")}]
+    asked = []
+
+    def run(*argv):
+        asked.append(argv)
+        return "\n".join(json.dumps(record) for record in records) + "\n{cut off"
+    monkeypatch.setattr(node, "run", run)
+    assert node.new_run_lines("sglang.service", "c1", "old") == ["Started sglang.service", "Load weight begin \ufffd"]
+    assert asked[-1][-2:] == ("--after-cursor", "c1")
+    assert len(node.new_run_lines("sglang.service", "c1", "")) == 4  # a systemd without run IDs
+
+
 def test_the_rollout_probes_send_the_engines_api_key(tmp_path, monkeypatch):
     """An engine started with an API key answers 401 without it: the rollout's verify then took a
     healthy engine for a down one, and rolled it back (and failed that too)."""
     import http.server
-    import importlib.machinery
-    import importlib.util
     import threading
 
     class Engine(http.server.BaseHTTPRequestHandler):
@@ -69,9 +97,7 @@ def test_the_rollout_probes_send_the_engines_api_key(tmp_path, monkeypatch):
             pass
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    loader = importlib.machinery.SourceFileLoader("rollout_node", str(ROLLOUT_NODE))
-    node = importlib.util.module_from_spec(importlib.util.spec_from_loader("rollout_node", loader))
-    loader.exec_module(node)
+    node = rollout_node()
     url = f"http://127.0.0.1:{server.server_address[1]}/server_info"
     try:
         monkeypatch.setenv("SGLANG_API_KEY_FILE", "")

@@ -267,9 +267,70 @@ def test_the_old_run_still_active_is_not_taken_for_a_healthy_start(node, monkeyp
         def __exit__(self, *exc):
             return False
 
-        def new_lines(self):
+        def new_entries(self):
             return []
     monkeypatch.setattr(restart_module.journal, "JournalFollower", Quiet)
     monkeypatch.setattr(restart_module.time, "sleep", lambda s: None)
     report = restart_module.start_and_wait(load_config(), 60.0, lambda phase, elapsed: None)
     assert report.ok and len(seen) == 5  # not at the second look, the old run's
+
+
+def _start_with_journal(monkeypatch, batches):
+    """start_and_wait over a unit whose run "old" is replaced by run "new", which turns active,
+    while the journal hands over `batches` of entries, one batch a look."""
+    from opsctl import journal
+    from opsctl import restart as restart_module
+    from opsctl.config import load_config
+    from opsctl.systemd import UnitState
+
+    def unit(active, sub, run):
+        return UnitState("sglang.service", "loaded", active, sub, "success", 0, 1, 0, "enabled", None, run)
+    looks = iter([unit("active", "running", "old"), unit("deactivating", "stop-sigterm", "old"),
+                  unit("activating", "start", "new"), unit("activating", "start-post", "new"),
+                  unit("active", "running", "new")])
+    monkeypatch.setattr(restart_module, "unit_state", lambda name: next(looks))
+    monkeypatch.setattr(restart_module, "_systemctl", lambda *args: None)
+    monkeypatch.setattr(restart_module.journal, "cursor", lambda name: None)
+    pending = [[journal.Entry(text, run) for run, text in batch] for batch in batches]
+
+    class Follower:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def new_entries(self):
+            return pending.pop(0) if pending else []
+    monkeypatch.setattr(restart_module.journal, "JournalFollower", Follower)
+    monkeypatch.setattr(restart_module.time, "sleep", lambda s: None)
+    return restart_module.start_and_wait(load_config(), 60.0, lambda phase, elapsed: None)
+
+
+OLD_RUN_CRASH = [("old", "[2026-12-01 06:52:13 TP3] Scheduler hit an exception: Traceback (most recent call last):"),
+                 ("old", "torch.distributed.DistBackendError: Watchdog caught collective operation timeout"),
+                 ("old", "[2026-12-01 06:52:14] Received sigquit from a child process. It usually means the child failed."),
+                 ("old", "sglang.service: Main process exited, code=killed, status=9/KILL")]
+
+
+def test_a_fatal_line_of_the_old_run_does_not_fail_the_new_start(monkeypatch):
+    """A hung engine that is being stopped can log its own crash (an NCCL watchdog's exception,
+    the launcher's SIGQUIT line); that says nothing about the new files."""
+    report = _start_with_journal(monkeypatch, [OLD_RUN_CRASH, [("new", "Load weight begin. avail mem=94.2 GB")],
+                                               [("new", "The server is fired up and ready to roll!")]])
+    assert report.ok, report.reason
+    assert not any("Scheduler hit an exception" in line for line in report.journal)
+    assert any("fired up" in line for line in report.journal)
+
+
+def test_a_fatal_line_of_the_new_run_fails_the_start(monkeypatch):
+    crash = [("new", "[2026-12-01 06:53:01 TP0] Scheduler hit an exception: Traceback (most recent call last):"),
+             ("new", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB."),
+             ("new", "Received sigquit from a child process. It usually means the child failed.")]
+    report = _start_with_journal(monkeypatch, [OLD_RUN_CRASH, crash])
+    assert not report.ok and "crashed" in report.reason
+    assert any("CUDA out of memory" in line for line in report.journal)
+    assert not any("Watchdog caught" in line for line in report.journal)
