@@ -8,7 +8,6 @@ check what the unit really passes to SGLang.
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +87,61 @@ def parse_env_file(text: str) -> dict[str, str]:
     return values
 
 
+# systemd's C escapes (systemd.syntax(7)); any other escaped character stands for itself
+_C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "s": " "}
+
+
+def _split_words(command: str) -> list[str]:
+    """A command line split into words as systemd splits it: at whitespace outside quotes,
+    with C escapes in and out of quotes."""
+    words: list[str] = []
+    word: list[str] = []
+    quote, in_word, index = None, False, 0
+    while index < len(command):
+        char = command[index]
+        if char == "\\" and index + 1 < len(command):
+            word.append(_C_ESCAPES.get(command[index + 1], command[index + 1]))
+            in_word, index = True, index + 2
+            continue
+        if quote:
+            if char == quote:
+                quote = None
+            else:
+                word.append(char)
+        elif char in "\"'":
+            quote, in_word = char, True
+        elif char.isspace():
+            if in_word:
+                words.append("".join(word))
+            word, in_word = [], False
+        else:
+            word.append(char)
+            in_word = True
+        index += 1
+    if quote:
+        raise ValueError(f"ExecStart has an unbalanced {quote} quote")
+    if in_word:
+        words.append("".join(word))
+    return words
+
+
 def exec_start_argv(unit_text: str, environment: dict[str, str]) -> list[str]:
-    """The ExecStart command line of a rendered unit, with ${VAR} expanded as systemd does."""
+    """The ExecStart command line of a rendered unit as systemd runs it (systemd.service(5),
+    "Command lines"): %% is %, words are split and unquoted, then ${VAR} is expanded within a
+    word, a word $VAR becomes the value's own words, and $$ is $."""
     joined = unit_text.replace("\\\n", " ")
     match = re.search(r"^ExecStart=(.*)$", joined, flags=re.MULTILINE)
     if match is None:
         raise ValueError("the unit has no ExecStart= line")
-
-    def expand(var: re.Match[str]) -> str:
-        return environment.get(var.group(1) or var.group(2), "")
-
-    command = re.sub(r"\$\{(\w+)\}|\$(\w+)", expand, match.group(1))
-    return shlex.split(command)
+    argv: list[str] = []
+    for word in _split_words(match.group(1).replace("%%", "%")):
+        alone = re.fullmatch(r"\$(\w+)", word)
+        if alone:
+            argv.extend(environment.get(alone.group(1), "").split())
+            continue
+        argv.append(re.sub(r"\$\$|\$\{(\w+)\}",
+                           lambda var: "$" if var.group(1) is None else environment.get(var.group(1), ""), word))
+    return argv
 
 
 def engine_argv(**overrides: Any) -> list[str]:

@@ -2,8 +2,11 @@
 that succeed, that the planner refuses, and that fail and roll back; overrides vs Ansible."""
 
 import json
+import shlex
+import subprocess
 
 import pytest
+from labnode import REPO
 
 pytestmark = pytest.mark.lab
 
@@ -134,3 +137,56 @@ def test_ansible_reports_an_override_and_keeps_it_unless_told(lab_node):
     assert "SGLANG_MEM_FRACTION_STATIC" not in lab_node.file("/etc/sglang/override.env")
     code, report = lab_node.status()
     assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93
+
+
+def test_systemd_hands_free_form_values_to_the_engine_unchanged(lab_node):
+    """The unit rendered with values systemd would split or expand if they went in as they are,
+    read by the node's own systemd: a copy whose command writes the argv it was given."""
+    from opsctl import render
+    extra = ["--json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}',
+             "--note", "50% of $HOME; a\\b", "two\nlines"]
+    unit = render.render("sglang.service.j2", render.role_settings(
+        sglang_extra_args=extra, sglang_served_model_name="kimi k2.6", sglang_docker_extra_args=["--label", "a=b c"]))
+    unit = "\n".join(line for line in unit.splitlines() if not line.startswith(("ExecStartPre=", "ExecStartPost=",
+                                                                               "ExecStop=", "Restart=")))
+    unit = unit.replace("ExecStart=/usr/bin/docker", "ExecStart=/usr/bin/python3 /run/argv-check.py")
+    script = "import json, sys; open('/run/argv-check.json', 'w').write(json.dumps(sys.argv[1:]))\n"
+    lab_node.sh(f"echo {shlex.quote(script)} > /run/argv-check.py && "
+                f"echo {shlex.quote(unit)} > /run/systemd/system/argv-check.service && "
+                "systemctl daemon-reload && systemctl start argv-check", check=True)
+    try:
+        lab_node.wait_for(lambda: lab_node.file("/run/argv-check.json"), timeout=30)
+        given = json.loads(lab_node.file("/run/argv-check.json"))
+    finally:
+        lab_node.sh("rm -f /run/systemd/system/argv-check.service && systemctl daemon-reload")
+    environment = {**render.parse_env_file(lab_node.file("/etc/sglang/sglang.env")),
+                   **render.parse_env_file(lab_node.file("/etc/sglang/override.env"))}
+    assert given == render.exec_start_argv(unit, environment)[2:]  # opsctl reads the unit as systemd does
+    assert given[given.index("--log-level") - len(extra):given.index("--log-level")] == extra
+    assert given[given.index("--served-model-name") + 1] == "kimi k2.6"
+    assert given[given.index("--label") + 1] == "a=b c"
+    assert given[given.index("--mem-fraction-static") + 1] == environment["SGLANG_MEM_FRACTION_STATIC"]
+
+
+def test_a_node_with_docker_ce_keeps_its_engine(lab_node, tmp_path):
+    """Installing docker.io beside Docker's own docker-ce makes apt remove docker-ce, and the
+    engine with it (dpkg: "docker.io conflicts with docker-ce"). A package named docker-ce in
+    dpkg's database (empty, forced in beside the lab's docker.io: its name is what the role
+    reads) must make the role leave the engine alone."""
+    control = ("Package: docker-ce\nVersion: 5:27.0.0\nArchitecture: all\nMaintainer: lab\n"
+               "Description: stands for Docker's own engine package\n")
+    lab_node.sh(f"mkdir -p /tmp/fake-ce/DEBIAN && echo {shlex.quote(control)} > /tmp/fake-ce/DEBIAN/control && "
+                "dpkg-deb --build /tmp/fake-ce /tmp/fake-ce.deb && dpkg --force-conflicts -i /tmp/fake-ce.deb", check=True)
+    playbook = tmp_path / "engine.yml"
+    playbook.write_text("- hosts: dflash\n  roles: [docker_engine]\n")
+    try:
+        result = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(lab_node.inventory),
+                                 str(playbook), "-l", lab_node.name], cwd=REPO / "ansible",
+                                capture_output=True, text=True, check=False, timeout=300)
+    finally:
+        lab_node.sh("dpkg --remove docker-ce")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "docker-ce installed: the node keeps that engine" in result.stdout
+    installing = result.stdout.split("Ensure the Docker engine packages are installed.", 1)[1]
+    assert installing.split("TASK [", 1)[0].count("skipping:") == 1
+    assert lab_node.sh("docker info --format '{{.ServerVersion}}'").returncode == 0

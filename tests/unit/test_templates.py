@@ -51,7 +51,7 @@ def test_unit_service_settings():
 def test_api_key_never_lands_in_the_unit():
     unit = render.render("sglang.service.j2", render.role_settings(sglang_api_key_file="/etc/sglang/api-key.yaml"))
     assert "--config /run/secrets/sglang-api-key.yaml" in unit
-    assert "--volume /etc/sglang/api-key.yaml:/run/secrets/sglang-api-key.yaml:ro" in unit
+    assert '--volume "/etc/sglang/api-key.yaml:/run/secrets/sglang-api-key.yaml:ro"' in unit
     assert "--api-key" not in unit
 
 
@@ -80,3 +80,29 @@ def test_extra_vars_given_as_strings_render_as_their_values():
     assert "TimeoutStartSec=1230" in unit and "TimeoutStopSec=75" in unit
     on = render.render("sglang.service.j2", render.role_settings(sglang_disable_radix_cache="true"))
     assert "--disable-radix-cache" in on
+
+
+# Values systemd would change or split if they went into ExecStart as they are: a JSON with
+# spaces and quotes, a % (a unit specifier), a $ (an expansion), a backslash, a newline, a ;
+TRICKY_ARGS = ["--json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}',
+               "--served-model-name", "kimi 50% $HOME", "a\\b", "two\nlines", ";", "'single'"]
+
+
+def test_free_form_values_reach_the_engine_unchanged():
+    """Before, each extra argument went into ExecStart as it was: systemd split the JSON at its
+    spaces, took % as a specifier and $HOME as an expansion."""
+    argv = render.engine_argv(sglang_extra_args=TRICKY_ARGS, sglang_model_path="/models/Kimi K2.6",
+                              sglang_docker_extra_args=["--label", "note=a b"])
+    assert argv[argv.index("--log-level") - len(TRICKY_ARGS):argv.index("--log-level")] == TRICKY_ARGS
+    assert argv[argv.index("--model-path") + 1] == "/models/Kimi K2.6"
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.93"  # the environment's values still expand
+    unit = render.render("sglang.service.j2", render.role_settings(sglang_docker_extra_args=["--label", "note=a b"]))
+    whole = render.exec_start_argv(unit, {})
+    assert whole[whole.index("--label") + 1] == "note=a b"
+
+
+def test_the_unit_parser_follows_systemds_rules():
+    """The parser the test above relies on, on lines whose meaning systemd.service(5) gives."""
+    unit = 'ExecStart=/bin/x "a b" \'a"b\' c\\ d 100%% $$HOME ${ONE} $MANY "${ONE}x" "q\\"q" "t\\tu"\n'
+    assert render.exec_start_argv(unit, {"ONE": "1", "MANY": "m n"}) == [
+        "/bin/x", "a b", 'a"b', "c d", "100%", "$HOME", "1", "m", "n", "1x", 'q"q', "t\tu"]
