@@ -10,10 +10,9 @@
 #
 # torch must be a CPU build: the pin below carries the "+cpu" local version,
 # which no CUDA wheel on PyPI can satisfy, so pip can never fall back to a
-# CUDA torch. pip finds it through its configured sources (find-links, extra
-# index). Where no CPU build is reachable, point SGLANG_REAL_TORCH_INDEX at a
-# CPU wheel index (for example the PyTorch CPU index) and it is passed to pip
-# as an extra index for the torch step only.
+# CUDA torch. PyPI has no such build: pip looks in its configured sources
+# (find-links, extra index), then in SGLANG_REAL_TORCH_INDEX (default: the
+# PyTorch CPU index), an extra index for the torch step only.
 #
 # Idempotent: when VENV_DIR already holds a complete install of the same
 # package set (stamp file + a successful import), it does nothing.
@@ -67,15 +66,15 @@ rm -f "$STAMP"
 [[ -x "$VENV_DIR/bin/python" ]] || "$PYTHON" -m venv "$VENV_DIR"
 PIP=("$VENV_DIR/bin/python" -m pip install --disable-pip-version-check --no-input --no-deps)
 
-torch_extra=()
-if [[ -n "${SGLANG_REAL_TORCH_INDEX:-}" ]]; then
-  torch_extra=(--extra-index-url "$SGLANG_REAL_TORCH_INDEX")
-fi
+TORCH_INDEX="${SGLANG_REAL_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 echo "sglang-real-env: installing $TORCH_SPEC (CPU build, --no-deps)"
-if ! "${PIP[@]}" --only-binary=:all: "${torch_extra[@]}" "$TORCH_SPEC"; then
-  echo "sglang-real-env: no CPU build of torch ($TORCH_SPEC) is reachable." >&2
-  echo "  Set SGLANG_REAL_TORCH_INDEX to a CPU wheel index; a CUDA torch is refused on purpose." >&2
-  exit 3
+if ! "${PIP[@]}" --only-binary=:all: "$TORCH_SPEC" 2>/dev/null; then
+  echo "sglang-real-env: not in pip's configured sources; trying $TORCH_INDEX"
+  if ! "${PIP[@]}" --only-binary=:all: --extra-index-url "$TORCH_INDEX" "$TORCH_SPEC"; then
+    echo "sglang-real-env: no CPU build of torch ($TORCH_SPEC) is reachable." >&2
+    echo "  Set SGLANG_REAL_TORCH_INDEX to a CPU wheel index; a CUDA torch is refused on purpose." >&2
+    exit 3
+  fi
 fi
 
 echo "sglang-real-env: installing $SGLANG_SPEC (--no-deps) and ${#LIGHT_DEPS[@]} light dependencies"
