@@ -73,7 +73,7 @@ _STARTUP_FRAMES = re.compile(
     r"init_cuda_graphs|capture_|init_device_graphs"
 )
 # The scheduler's per-batch lines: the engine is serving.
-_BATCH = re.compile(r"\b(?:Prefill|Decode) batch\b")
+BATCH_LINE = re.compile(r"\b(?:Prefill|Decode) batch\b")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
 _MAX_PENDING_LINES = 400
 
@@ -286,7 +286,7 @@ class OomScanner:
         if self.startups.current is not run_before:
             # A new engine start: what follows belongs to it, not to the incidents of the last one.
             self._last, self._batches_seen = None, False
-        if _BATCH.search(msg):
+        if BATCH_LINE.search(msg):
             self._batches_seen = True
         if _SIGQUIT.search(msg) or _KILLED.search(msg):
             done.extend(self.flush())

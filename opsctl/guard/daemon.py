@@ -10,7 +10,9 @@ One loop, every `TICK_S`:
    "Scheduler hit an exception", the launcher's SIGQUIT line, ...) or a unit that died
    (auto-restart, failed, NRestarts grew) starts a death; it is decided as soon as the scanner
    completes the incident (at the SIGQUIT line) or after `CLASSIFY_GRACE_S`.
-3. Hang: /health_generate failing for `hang_timeout_s` (probe thread, `policy.HangDetector`).
+3. Hang: /health_generate failing for `hang_timeout_s` (probe thread, `policy.HangDetector`)
+   while the scheduler logs no batch for as long; failing probes beside logged batches are
+   audited once as "busy-not-hung".
 4. A death or a hang goes to `policy.decide`; the step runs through `opsctl.restart.restart`
    (engine lock, atomic override, reset-failed + restart, health gate, rollback), so it supersedes
    the restart systemd's `Restart=always` may have scheduled on the old config; the audit log says
@@ -477,6 +479,7 @@ class Watcher:
         self.store = GuardStore.for_config(config)
         self.guard = guard or Guard(config, self.node, self.store)
         self.detector = policy.HangDetector(config.guard.hang_timeout_s)
+        self.busy_reported = False
         self.stopping = threading.Event()
         self._unit_active = False
         self.prober = Prober(config, self.detector, lambda: self._unit_active)
@@ -556,6 +559,9 @@ class Watcher:
             self.follower.close()
 
     def _tick(self, lines: list[str], unit: UnitState, now: float) -> None:
+        if any(oom.BATCH_LINE.search(line) for line in lines):
+            with self.prober.lock:
+                self.detector.progress(now)
         for line in lines:
             if self.fatal_at is None and any(marker in line for marker in FATAL_MARKERS):
                 self.fatal_at, self.fatal_wall, self.fatal_line = now, time.time(), line
@@ -579,9 +585,14 @@ class Watcher:
             return
         if unit.active_state == "active" and unit.sub_state == "running":
             with self.prober.lock:
-                hung = self.detector.hung(now)
+                hung, busy = self.detector.hung(now), self.detector.failing(now) and self.detector.busy(now)
                 error = self.detector.last_error
                 since = self.detector.failing_since
+            if busy and not self.busy_reported:
+                # once per episode: the operator sees why a failing probe was not acted on
+                self.store.audit("busy-not-hung", why=f"/health_generate failing for {now - since:.0f} s ({error}), "
+                                                      "but the scheduler still logs batches")
+            self.busy_reported = busy
             if hung:
                 death = policy.Death(policy.HANG, "hang", f"/health_generate failing for {now - since:.0f} s "
                                                           f"({error})")

@@ -205,7 +205,10 @@ def backoff_s(remediation_times: Sequence[float], now: float, limits: GuardConfi
 
 class HangDetector:
     """Hung = /health_generate has not answered 200 for `hang_timeout_s`, over at least
-    `min_failures` probes in a row, while the unit is active. One slow probe is never a hang."""
+    `min_failures` probes in a row, while the unit is active, and the scheduler has logged no
+    batch for as long. One slow probe is never a hang; nor is an engine whose scheduler still
+    logs its batches (a forward pass that outlasts the probe, a long unchunked prefill): a
+    restart would only kill its requests."""
 
     def __init__(self, hang_timeout_s: float, min_failures: int = 3):
         self.hang_timeout_s = hang_timeout_s
@@ -213,6 +216,7 @@ class HangDetector:
         self.failing_since: float | None = None
         self.failures = 0
         self.last_error: str | None = None
+        self.progress_at: float | None = None  # the scheduler's last batch line
 
     def record(self, ok: bool, now: float, error: str | None = None) -> None:
         if ok:
@@ -223,9 +227,20 @@ class HangDetector:
         self.failures += 1
         self.last_error = error
 
+    def progress(self, now: float) -> None:
+        self.progress_at = now
+
     def reset(self) -> None:
         self.record(True, 0.0)
 
-    def hung(self, now: float) -> bool:
+    def failing(self, now: float) -> bool:
+        """The probes alone say hung."""
         return (self.failing_since is not None and self.failures >= self.min_failures
                 and now - self.failing_since >= self.hang_timeout_s)
+
+    def busy(self, now: float) -> bool:
+        """The scheduler logged a batch within the hang timeout."""
+        return self.progress_at is not None and now - self.progress_at < self.hang_timeout_s
+
+    def hung(self, now: float) -> bool:
+        return self.failing(now) and not self.busy(now)

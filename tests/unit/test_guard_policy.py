@@ -79,3 +79,14 @@ def test_one_slow_probe_is_not_a_hang():
         detector.record(False, t)
     assert not detector.hung(110.0)  # three failures but only 8 s
     assert detector.hung(112.0)
+
+
+def test_a_scheduler_that_logs_batches_is_busy_not_hung():
+    detector = policy.HangDetector(hang_timeout_s=10)
+    for t in (0.0, 4.0, 8.0, 12.0):
+        detector.record(False, t)
+    detector.progress(5.0)
+    assert detector.failing(12.0) and detector.busy(12.0) and not detector.hung(12.0)
+    assert detector.hung(15.0)  # no batch for 10 s
+    detector.progress(15.0)
+    assert not detector.hung(15.0)

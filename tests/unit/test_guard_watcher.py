@@ -187,3 +187,27 @@ def test_a_death_the_guard_cannot_judge_stops_it_and_the_loop_lives_on(watcher):
     assert "SGLANG_MEM_FRACTION_STATIC='0,94' is not a number" in guard.stops[0]
     assert store.load()["status"] == STOPPED
     wait_for_passes(node)  # still looping
+
+
+def test_failing_probes_while_the_scheduler_logs_batches_are_not_a_hang(tmp_path, monkeypatch):
+    """SGLang answers a health check only when its current forward pass ends; a pass longer than
+    the probe (a long unchunked prefill) fails the probes of a working engine. While its
+    scheduler logs batches, a restart would only kill its requests; once the batches stop too,
+    it is a hang."""
+    journal = FakeJournal(STARTUP)
+    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
+    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9", guard=GuardConfig(hang_timeout_s=10.0))
+    node, store = FakeNode(journal), GuardStore(tmp_path)
+    guard = RecordingGuard(store)
+    loop = daemon.Watcher(config, guard=guard, node=node)
+    unit = node.unit()
+    batch = ("2026-12-01T06:52:13+0000 dflash-train sglang[7130]: [2026-12-01 06:52:13 TP0] Prefill batch, "
+             "#new-seq: 1, #new-token: 4096, #cached-token: 0, token usage: 0.41, #running-req: 1, #queue-req: 3")
+    for t in (0.0, 4.0, 8.0, 12.0):
+        loop.detector.record(False, t, "no answer within 30 s")
+    loop._tick([batch], unit, 12.0)
+    loop._tick([], unit, 20.0)  # 8 s after the last batch
+    assert guard.deaths == []
+    assert [r["event"] for r in store.records()].count("busy-not-hung") == 1  # said once, not each tick
+    loop._tick([], unit, 23.0)  # probes failing for 23 s, no batch for 11 s
+    assert [d.cause for d in guard.deaths] == ["hang"]
