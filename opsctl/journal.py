@@ -47,9 +47,15 @@ class Entry:
 
 
 def _field(record: dict, name: str) -> str:
-    value = record.get(name, "")
-    if isinstance(value, list):  # journald's JSON gives bytes that are not UTF-8 as numbers
-        return bytes(value).decode("utf-8", errors="replace")
+    """A field's text. journald's JSON gives a value that is not UTF-8 as a list of byte values,
+    a field set twice as a list of values, and (without --all) a value over 4 KB as null."""
+    value = record.get(name)
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        if all(isinstance(item, int) for item in value):
+            return bytes(value).decode("utf-8", errors="replace")
+        return " ".join(_field({name: item}, name) for item in value)
     return str(value)
 
 
@@ -70,7 +76,8 @@ class JournalFollower:
     """`journalctl -f` of one unit from a cursor, read by a thread into a queue."""
 
     def __init__(self, unit: str, after_cursor: str | None):
-        command = ["journalctl", "-u", unit, "-f", "-o", "json", "--no-pager"]
+        # --all: SGLang's server_args line alone is over the 4 KB that JSON output gives otherwise
+        command = ["journalctl", "-u", unit, "-f", "-o", "json", "--all", "--no-pager"]
         command += ["--after-cursor", after_cursor] if after_cursor else ["-n", "0"]
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                          text=True, errors="replace")

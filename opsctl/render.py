@@ -110,7 +110,7 @@ def _split_words(command: str) -> list[str]:
                 word.append(char)
         elif char in "\"'":
             quote, in_word = char, True
-        elif char.isspace():
+        elif char in " \t\r\n":  # systemd's separators (not every character Python calls space)
             if in_word:
                 words.append("".join(word))
             word, in_word = [], False

@@ -68,9 +68,13 @@ PIP=("$VENV_DIR/bin/python" -m pip install --disable-pip-version-check --no-inpu
 
 TORCH_INDEX="${SGLANG_REAL_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 echo "sglang-real-env: installing $TORCH_SPEC (CPU build, --no-deps)"
-if ! "${PIP[@]}" --only-binary=:all: "$TORCH_SPEC" 2>/dev/null; then
-  echo "sglang-real-env: not in pip's configured sources; trying $TORCH_INDEX"
+first_try="$(mktemp)"
+trap 'rm -f "$first_try"' EXIT
+if ! "${PIP[@]}" --only-binary=:all: "$TORCH_SPEC" 2>"$first_try"; then
+  echo "sglang-real-env: not found in pip's configured sources; trying $TORCH_INDEX"
   if ! "${PIP[@]}" --only-binary=:all: --extra-index-url "$TORCH_INDEX" "$TORCH_SPEC"; then
+    echo "sglang-real-env: pip's configured sources said:" >&2
+    sed 's/^/  /' "$first_try" >&2
     echo "sglang-real-env: no CPU build of torch ($TORCH_SPEC) is reachable." >&2
     echo "  Set SGLANG_REAL_TORCH_INDEX to a CPU wheel index; a CUDA torch is refused on purpose." >&2
     exit 3

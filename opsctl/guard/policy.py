@@ -203,12 +203,18 @@ def backoff_s(remediation_times: Sequence[float], now: float, limits: GuardConfi
 # --- hangs -----------------------------------------------------------------------------------
 
 
+# Batches logged beside failing probes hold a hang off for at most this many hang timeouts: a
+# forward pass takes seconds, so probes that fail longer while batches go on mean the answers
+# are lost on their way out (a stuck detokenizer), and a restart is due.
+BUSY_HOLDS_HANG_OFF = 3
+
+
 class HangDetector:
     """Hung = /health_generate has not answered 200 for `hang_timeout_s`, over at least
     `min_failures` probes in a row, while the unit is active, and the scheduler has logged no
-    batch for as long. One slow probe is never a hang; nor is an engine whose scheduler still
-    logs its batches (a forward pass that outlasts the probe, a long unchunked prefill): a
-    restart would only kill its requests."""
+    batch for as long. One slow probe is never a hang; nor, for a while, is an engine whose
+    scheduler still logs its batches (a forward pass that outlasts the probe, a long unchunked
+    prefill): a restart would only kill its requests."""
 
     def __init__(self, hang_timeout_s: float, min_failures: int = 3):
         self.hang_timeout_s = hang_timeout_s
@@ -243,4 +249,8 @@ class HangDetector:
         return self.progress_at is not None and now - self.progress_at < self.hang_timeout_s
 
     def hung(self, now: float) -> bool:
-        return self.failing(now) and not self.busy(now)
+        if not self.failing(now):
+            return False
+        assert self.failing_since is not None
+        held_off = now - self.failing_since < BUSY_HOLDS_HANG_OFF * self.hang_timeout_s
+        return not (self.busy(now) and held_off)

@@ -168,25 +168,37 @@ def test_systemd_hands_free_form_values_to_the_engine_unchanged(lab_node):
     assert given[given.index("--mem-fraction-static") + 1] == environment["SGLANG_MEM_FRACTION_STATIC"]
 
 
-def test_a_node_with_docker_ce_keeps_its_engine(lab_node, tmp_path):
-    """Installing docker.io beside Docker's own docker-ce makes apt remove docker-ce, and the
-    engine with it (dpkg: "docker.io conflicts with docker-ce"). A package named docker-ce in
-    dpkg's database (empty, forced in beside the lab's docker.io: its name is what the role
-    reads) must make the role leave the engine alone."""
-    control = ("Package: docker-ce\nVersion: 5:27.0.0\nArchitecture: all\nMaintainer: lab\n"
-               "Description: stands for Docker's own engine package\n")
-    lab_node.sh(f"mkdir -p /tmp/fake-ce/DEBIAN && echo {shlex.quote(control)} > /tmp/fake-ce/DEBIAN/control && "
-                "dpkg-deb --build /tmp/fake-ce /tmp/fake-ce.deb && dpkg --force-conflicts -i /tmp/fake-ce.deb", check=True)
+def _engine_role_with_a_package(lab_node, tmp_path, package):
+    """The docker_engine role run on the lab node with an empty package named `package` forced
+    into dpkg's database beside the lab's docker.io (its name is what the role reads)."""
+    control = (f"Package: {package}\nVersion: 5:27.0.0\nArchitecture: all\nMaintainer: lab\n"
+               "Description: stands for a package of Docker's repository\n")
+    folder = f"/tmp/fake-{package}"
+    lab_node.sh(f"mkdir -p {folder}/DEBIAN && echo {shlex.quote(control)} > {folder}/DEBIAN/control && "
+                f"dpkg-deb --build {folder} {folder}.deb && dpkg --force-conflicts -i {folder}.deb", check=True)
     playbook = tmp_path / "engine.yml"
     playbook.write_text("- hosts: dflash\n  roles: [docker_engine]\n")
     try:
-        result = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(lab_node.inventory),
-                                 str(playbook), "-l", lab_node.name], cwd=REPO / "ansible",
-                                capture_output=True, text=True, check=False, timeout=300)
+        return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(lab_node.inventory),
+                               str(playbook), "-l", lab_node.name], cwd=REPO / "ansible",
+                              capture_output=True, text=True, check=False, timeout=300)
     finally:
-        lab_node.sh("dpkg --remove docker-ce")
+        lab_node.sh(f"dpkg --remove {package}")
+
+
+def test_a_node_with_docker_ce_keeps_its_engine(lab_node, tmp_path):
+    """Installing docker.io beside Docker's own docker-ce makes apt remove docker-ce, and the
+    engine with it (dpkg: "docker.io conflicts with docker-ce"): the role leaves it alone."""
+    result = _engine_role_with_a_package(lab_node, tmp_path, "docker-ce")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "docker-ce installed: the node keeps that engine" in result.stdout
     installing = result.stdout.split("Ensure the Docker engine packages are installed.", 1)[1]
     assert installing.split("TASK [", 1)[0].count("skipping:") == 1
     assert lab_node.sh("docker info --format '{{.ServerVersion}}'").returncode == 0
+
+
+def test_a_node_with_docker_containerd_alone_is_refused(lab_node, tmp_path):
+    """docker.io's containerd would replace Docker's containerd.io under whatever uses it."""
+    result = _engine_role_with_a_package(lab_node, tmp_path, "containerd.io")
+    assert result.returncode != 0
+    assert "containerd.io (Docker's repository) is installed" in result.stdout

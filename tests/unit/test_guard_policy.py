@@ -90,3 +90,14 @@ def test_a_scheduler_that_logs_batches_is_busy_not_hung():
     assert detector.hung(15.0)  # no batch for 10 s
     detector.progress(15.0)
     assert not detector.hung(15.0)
+
+
+def test_batches_hold_a_hang_off_for_a_while_only():
+    """Probes failing for three hang timeouts while batches go on: the answers are lost on their
+    way out (a stuck detokenizer), not waiting for a long forward pass."""
+    detector = policy.HangDetector(hang_timeout_s=10)
+    for t in range(0, 31, 5):
+        detector.record(False, float(t))
+        detector.progress(float(t))
+    assert not detector.hung(29.0)
+    assert detector.hung(30.0)

@@ -211,3 +211,15 @@ def test_failing_probes_while_the_scheduler_logs_batches_are_not_a_hang(tmp_path
     assert [r["event"] for r in store.records()].count("busy-not-hung") == 1  # said once, not each tick
     loop._tick([], unit, 23.0)  # probes failing for 23 s, no batch for 11 s
     assert [d.cause for d in guard.deaths] == ["hang"]
+
+
+def test_the_probes_own_prefills_are_not_work_for_clients():
+    """SGLang 0.5.23 logs each /health_generate that finds it idle as a 1-token prefill: a
+    stuck detokenizer fails every probe and still logs those lines."""
+    prefix = "2026-12-01T06:52:13+0000 dflash-train sglang[7130]: [2026-12-01 06:52:13 TP0] "
+    probe = (prefix + "Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: 0.00, "
+             "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 3.1")
+    assert not daemon.scheduler_working(probe)
+    assert daemon.scheduler_working(probe.replace("#new-token: 1,", "#new-token: 4096,"))
+    assert daemon.scheduler_working(probe.replace("#running-req: 0,", "#running-req: 3,"))
+    assert daemon.scheduler_working(prefix + "Decode batch, #running-req: 1, #token: 8192, token usage: 0.04")

@@ -36,3 +36,10 @@ def test_systemds_line_about_the_unit_names_the_run_it_ended():
 def test_a_message_that_is_not_utf8_is_read_not_dropped():
     record = {**ENGINE_RECORD, "MESSAGE": list(b"bad byte \xff here")}
     assert "bad byte \ufffd here" in journal.entry_from_json(json.dumps(record)).text
+
+
+def test_a_field_set_twice_or_cut_by_journald_is_text_not_a_lost_entry():
+    twice = journal.entry_from_json(json.dumps({**ENGINE_RECORD, "MESSAGE": ["first", list(b"second \xff")]}))
+    assert twice.text.endswith("sglang[7130]: first second \ufffd")
+    long_line = journal.entry_from_json(json.dumps({**ENGINE_RECORD, "MESSAGE": None}))
+    assert long_line.text.endswith("sglang[7130]: ") and "None" not in long_line.text

@@ -69,16 +69,18 @@ def test_the_rollout_start_reads_only_the_new_runs_journal(monkeypatch):
     records = [{"_SYSTEMD_INVOCATION_ID": "old", "MESSAGE": "[TP0] Scheduler hit an exception: Traceback"},
                {"INVOCATION_ID": "old", "MESSAGE": "sglang.service: Main process exited, code=killed"},
                {"INVOCATION_ID": "new", "MESSAGE": "Started sglang.service"},
-               {"_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": list(b"Load weight begin \xff")}]
+               {"_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": list(b"Load weight begin \xff")},
+               {"_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": ["set", list(b"twice")]}]
     asked = []
 
     def run(*argv):
         asked.append(argv)
         return "\n".join(json.dumps(record) for record in records) + "\n{cut off"
     monkeypatch.setattr(node, "run", run)
-    assert node.new_run_lines("sglang.service", "c1", "old") == ["Started sglang.service", "Load weight begin \ufffd"]
-    assert asked[-1][-2:] == ("--after-cursor", "c1")
-    assert len(node.new_run_lines("sglang.service", "c1", "")) == 4  # a systemd without run IDs
+    assert node.new_run_lines("sglang.service", "c1", "old") == [
+        "Started sglang.service", "Load weight begin \ufffd", "set twice"]
+    assert asked[-1][-2:] == ("--after-cursor", "c1") and "--all" in asked[-1]
+    assert len(node.new_run_lines("sglang.service", "c1", "")) == 5  # a systemd without run IDs
 
 
 def test_the_rollout_probes_send_the_engines_api_key(tmp_path, monkeypatch):
