@@ -240,55 +240,19 @@ def test_a_stale_lock_info_file_names_no_holder(node):
     assert locking.holder(state) is None  # no such process
 
 
-def test_the_old_run_still_active_is_not_taken_for_a_healthy_start(node, monkeypatch):
-    """`systemctl restart --no-block` only queues the job: a first look may still see the old
-    run, active. Only an active new run (a new InvocationID) counts as healthy."""
-    from opsctl import restart as restart_module
-    from opsctl.config import load_config
-    from opsctl.systemd import UnitState
-
-    def unit(active, sub, run):
-        return UnitState("sglang.service", "loaded", active, sub, "success", 0, 1, 0, "enabled", None, run)
-    looks = iter([unit("active", "running", "old"),  # read before the restart
-                  unit("active", "running", "old"), unit("deactivating", "stop-sigterm", "old"),
-                  unit("activating", "start-post", "new"), unit("active", "running", "new")])
-    seen = []
-    monkeypatch.setattr(restart_module, "unit_state", lambda name: seen.append(next(looks)) or seen[-1])
-    monkeypatch.setattr(restart_module, "_systemctl", lambda *args: None)
-    monkeypatch.setattr(restart_module.journal, "cursor", lambda name: None)
-
-    class Quiet:
-        def __init__(self, *args):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def new_entries(self):
-            return []
-    monkeypatch.setattr(restart_module.journal, "JournalFollower", Quiet)
-    monkeypatch.setattr(restart_module.time, "sleep", lambda s: None)
-    report = restart_module.start_and_wait(load_config(), 60.0, lambda phase, elapsed: None)
-    assert report.ok and len(seen) == 5  # not at the second look, the old run's
-
-
-def _start_with_journal(monkeypatch, batches):
-    """start_and_wait over a unit whose run "old" is replaced by run "new", which turns active,
-    while the journal hands over `batches` of entries, one batch a look."""
+def _start_and_wait(monkeypatch, looks, batches=()):
+    """start_and_wait over a unit that shows `looks` ((active, sub, run) each) in turn, while the
+    journal hands over `batches` of (run, line) entries, one batch a pass. Returns the report
+    and how many looks it took."""
     from opsctl import journal
     from opsctl import restart as restart_module
     from opsctl.config import load_config
     from opsctl.systemd import UnitState
 
-    def unit(active, sub, run):
-        return UnitState("sglang.service", "loaded", active, sub, "success", 0, 1, 0, "enabled", None, run)
-    looks = iter([unit("active", "running", "old"), unit("deactivating", "stop-sigterm", "old"),
-                  unit("activating", "start", "new"), unit("activating", "start-post", "new"),
-                  unit("active", "running", "new")])
-    monkeypatch.setattr(restart_module, "unit_state", lambda name: next(looks))
+    states = iter([UnitState("sglang.service", "loaded", active, sub, "success", 0, 1, 0, "enabled", None, run)
+                   for active, sub, run in looks])
+    taken = []
+    monkeypatch.setattr(restart_module, "unit_state", lambda name: taken.append(next(states)) or taken[-1])
     monkeypatch.setattr(restart_module, "_systemctl", lambda *args: None)
     monkeypatch.setattr(restart_module.journal, "cursor", lambda name: None)
     pending = [[journal.Entry(text, run) for run, text in batch] for batch in batches]
@@ -307,7 +271,24 @@ def _start_with_journal(monkeypatch, batches):
             return pending.pop(0) if pending else []
     monkeypatch.setattr(restart_module.journal, "JournalFollower", Follower)
     monkeypatch.setattr(restart_module.time, "sleep", lambda s: None)
-    return restart_module.start_and_wait(load_config(), 60.0, lambda phase, elapsed: None)
+    return restart_module.start_and_wait(load_config(), 60.0, lambda phase, elapsed: None), len(taken)
+
+
+def test_the_old_run_still_active_is_not_taken_for_a_healthy_start(node, monkeypatch):
+    """`systemctl restart --no-block` only queues the job: a first look may still see the old
+    run, active. Only an active new run (a new InvocationID) counts as healthy."""
+    report, looks = _start_and_wait(monkeypatch, [
+        ("active", "running", "old"),  # read before the restart
+        ("active", "running", "old"), ("deactivating", "stop-sigterm", "old"),
+        ("activating", "start-post", "new"), ("active", "running", "new")])
+    assert report.ok and looks == 5  # not at the second look, the old run's
+
+
+def _start_with_journal(monkeypatch, batches):
+    """A restart whose run "old" is replaced by run "new", which turns active."""
+    return _start_and_wait(monkeypatch, [
+        ("active", "running", "old"), ("deactivating", "stop-sigterm", "old"), ("activating", "start", "new"),
+        ("activating", "start-post", "new"), ("active", "running", "new")], batches)[0]
 
 
 OLD_RUN_CRASH = [("old", "[2026-12-01 06:52:13 TP3] Scheduler hit an exception: Traceback (most recent call last):"),
