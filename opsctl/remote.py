@@ -67,28 +67,67 @@ def _from_inventory(inventory: str, host: str) -> str:
     return f"ssh://{user + '@' if user else ''}{address}{':' + str(port) if port else ''}"
 
 
-def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
-    """The local command that runs `opsctl ARGS` on the target node."""
+def _target_url(target: dict[str, str]):
+    """The target as a parsed docker:// or ssh:// URL (a bare HOST is ssh)."""
     if "limit" in target and "inventory" not in target:
         raise click.UsageError("-l/--limit needs -i/--inventory")
     if "inventory" in target and "limit" not in target and "host" not in target:
         raise click.UsageError("-i/--inventory needs -l/--limit HOST: the inventory host to run on")
     url = target.get("host") or _from_inventory(target["inventory"], target.get("limit", ""))
     parsed = urlparse(url if "://" in url else f"ssh://{url}")
+    if parsed.scheme not in ("docker", "ssh"):
+        raise click.UsageError(f"unknown target {url!r}: use docker://CONTAINER or ssh://[USER@]HOST[:PORT]")
+    return parsed
+
+
+def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
+    """The local command that runs `opsctl ARGS` on the target node."""
+    return _command(_target_url(target), args)
+
+
+def _command(parsed, args: list[str]) -> list[str]:
     if parsed.scheme == "docker":
         tty = ["--tty"] if sys.stdout.isatty() else []
         return ["docker", "exec", "--interactive", *tty, parsed.netloc, "opsctl", *args]
     if parsed.scheme == "ssh":
         port = ["-p", str(parsed.port)] if parsed.port else []
         login = f"{parsed.username}@{parsed.hostname}" if parsed.username else parsed.hostname
-        return ["ssh", *port, login, "opsctl " + shlex.join(args)]
-    raise click.UsageError(f"unknown target {url!r}: use docker://CONTAINER or ssh://[USER@]HOST[:PORT]")
+        # A dead host must not hold a check for ssh's minutes; without a terminal (a monitoring
+        # run) a password prompt would wait for ever.
+        options = ["-o", "ConnectTimeout=10", *([] if sys.stdin.isatty() else ["-o", "BatchMode=yes"])]
+        return ["ssh", *options, *port, login, "opsctl " + shlex.join(args)]
+
+
+# `opsctl status` is a Nagios check: a node that was not reached is UNKNOWN (3), whatever the
+# transport's own exit code (docker exec's 1 would read as WARNING, ssh's 255 as nothing at all).
+STATUS_UNKNOWN = 3
+
+
+def _unreached(args: list[str], message: str) -> click.ClickException:
+    error = click.ClickException(message)
+    if args[:1] == ["status"]:
+        error.exit_code = STATUS_UNKNOWN
+    return error
 
 
 def run_remote(target: dict[str, str], args: list[str]) -> int:
-    command = remote_command(target, args)
+    parsed = _target_url(target)
+    command = _command(parsed, args)
     try:
-        return subprocess.call(command)
+        if parsed.scheme == "docker":  # docker exec's own failure (exit 1) would pass for the node's answer
+            container = parsed.netloc
+            running = subprocess.run(["docker", "container", "inspect", "--format", "{{.State.Running}}", container],
+                                     capture_output=True, text=True, check=False, timeout=30)
+            if running.stdout.strip() != "true":
+                raise _unreached(args, f"node container {container} is not running "
+                                       f"({(running.stderr or running.stdout).strip() or 'stopped'})")
+        code = subprocess.call(command)
     except FileNotFoundError as exc:
-        raise click.ClickException(f"{command[0]} is not installed here: it carries the command to the node "
-                                   f"(install it, or run opsctl on the node itself)") from exc
+        raise _unreached(args, f"{command[0]} is not installed here: it carries the command to the node "
+                               f"(install it, or run opsctl on the node itself)") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise _unreached(args, "docker did not answer within 30 s") from exc
+    if args[:1] == ["status"] and code not in (0, 1, 2, 3):
+        click.echo(f"UNKNOWN: the node's opsctl was not reached ({command[0]} exited {code})", err=True)
+        return STATUS_UNKNOWN
+    return code

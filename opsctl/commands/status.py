@@ -35,8 +35,11 @@ def gpu_summary() -> list[dict[str, Any]] | str:
     if shutil.which("nvidia-smi") is None:
         return "no GPU (nvidia-smi not found)"
     query = "index,name,memory.used,memory.total,utilization.gpu"
-    result = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                            capture_output=True, text=True, check=False, timeout=5)
+    try:
+        result = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, check=False, timeout=5)
+    except subprocess.TimeoutExpired:
+        return f"nvidia-smi did not answer within 5 s{NVIDIA_SMI_HUNG}"
     if result.returncode != 0:
         return f"nvidia-smi failed: {result.stderr.strip()}"
     gpus = []
@@ -45,6 +48,10 @@ def gpu_summary() -> list[dict[str, Any]] | str:
         gpus.append({"index": int(index), "name": name, "memory_used_mib": _number(used),
                      "memory_total_mib": _number(total), "utilization_pct": _number(util)})
     return gpus
+
+
+# a hung nvidia-smi is the classic sign of a GPU that fell off the bus or an Xid fault
+NVIDIA_SMI_HUNG = " (a GPU or driver fault? see dmesg for Xid errors)"
 
 
 def _number(field: str) -> float | None:
@@ -67,10 +74,18 @@ def collect(timeout_s: float) -> dict[str, Any]:
     problems: list[tuple[int, str]] = []
     try:
         unit = unit_state(config.unit)
+        if unit.load_state == "unknown":  # systemctl gave no properties at all: no systemd to ask
+            unit = None
+            problems.append((UNKNOWN, f"systemctl gives no state for {config.unit} (is systemd running?)"))
     except (FileNotFoundError, subprocess.TimeoutExpired) as error:
         unit = None
         problems.append((UNKNOWN, f"cannot read the unit's state: {error}"))
-    engine = look(config.engine_url, timeout_s, api_key=config.api_key())
+    try:
+        api_key = config.api_key()
+    except click.ClickException as error:  # the health probes need no key: still look at the engine
+        api_key = None
+        problems.append((UNKNOWN, error.message))
+    engine = look(config.engine_url, timeout_s, api_key=api_key)
     effective = effective_config(config.env_file, config.override_env_file)
 
     if unit is not None:
@@ -102,7 +117,11 @@ def collect(timeout_s: float) -> dict[str, Any]:
         kv["token_usage"] = metrics["sglang:token_usage"]
 
     # The last OOM or crash in the recent journal, with the analysis `opsctl oom` gives.
-    incidents = oom.analyze(journal.tail(config.unit, 5000))
+    try:
+        incidents = oom.analyze(journal.tail(config.unit, 5000))
+    except subprocess.TimeoutExpired:
+        incidents = []
+        problems.append((UNKNOWN, "journalctl did not answer within 10 s: the last crash is not known"))
     last = incidents[-1] if incidents else None
     last_incident = None if last is None else {
         "time": last.time, "kind": last.kind, "classification": last.classification,
@@ -111,8 +130,14 @@ def collect(timeout_s: float) -> dict[str, Any]:
     guard = guard_summary(config)
     if guard["problem"]:
         problems.append((WARNING, guard["problem"]))
+    gpus = gpu_summary()
+    if isinstance(gpus, str) and gpus.endswith(NVIDIA_SMI_HUNG):
+        problems.append((WARNING, gpus))  # the engine's own probes say whether it still serves
 
-    level = max((level for level, _ in problems), default=OK)
+    # What is known to be wrong outranks what could not be looked at: an engine seen down is
+    # CRITICAL even when, say, the journal did not answer.
+    levels = {level for level, _ in problems}
+    level = CRITICAL if CRITICAL in levels else max(levels, default=OK)
     return {
         "level": LEVEL_NAMES[level],
         "exit_code": level,
@@ -131,7 +156,7 @@ def collect(timeout_s: float) -> dict[str, Any]:
         },
         "config": {s.name: dataclasses.asdict(s) | {"drift": s.drift} for s in effective.settings()},
         "kv_pool": kv,
-        "gpus": gpu_summary(),
+        "gpus": gpus,
         "last_incident": last_incident,
         "guard": guard,
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),

@@ -145,8 +145,9 @@ def test_remote_targets_become_the_node_side_command(monkeypatch):
     assert target == {"host": "docker://dflash-train"} and rest == ["restart", "--fraction", "0.93"]
     assert remote.remote_command(target, rest) == [
         "docker", "exec", "--interactive", "dflash-train", "opsctl", "restart", "--fraction", "0.93"]
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)  # a monitoring run: no password prompt
     assert remote.remote_command({"host": "ssh://ops@gpu-7:2222"}, ["status", "--json"]) == [
-        "ssh", "-p", "2222", "ops@gpu-7", "opsctl status --json"]
+        "ssh", "-o", "ConnectTimeout=10", "-o", "BatchMode=yes", "-p", "2222", "ops@gpu-7", "opsctl status --json"]
     with pytest.raises(click.UsageError, match="unknown target 'ftp://node'"):
         remote.remote_command({"host": "ftp://node"}, ["status"])
     with pytest.raises(click.UsageError, match="-l/--limit needs -i/--inventory"):
@@ -184,7 +185,26 @@ def test_a_missing_transport_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["opsctl", "-H", "ssh://ops@gpu-7", "status"])
     with pytest.raises(SystemExit) as exit_:
         cli_module.main()
-    assert exit_.value.code == 1 and "ssh is not installed here" in capsys.readouterr().err
+    assert exit_.value.code == 3 and "ssh is not installed here" in capsys.readouterr().err  # status: UNKNOWN
+
+
+def test_a_node_that_was_not_reached_is_unknown_to_status(monkeypatch, capsys):
+    """docker exec into a stopped container exits 1 (WARNING to a check), ssh's failures 255."""
+    from opsctl import remote
+
+    calls = []
+    monkeypatch.setattr(remote.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 1, "", "Error: No such container: dflash-train"))
+    monkeypatch.setattr(remote.subprocess, "call", lambda argv: calls.append(argv) or 255)
+    with pytest.raises(click.ClickException) as error:
+        remote.run_remote({"host": "docker://dflash-train"}, ["status"])
+    assert error.value.exit_code == 3 and "not running" in error.value.message and calls == []
+    with pytest.raises(click.ClickException) as error:
+        remote.run_remote({"host": "docker://dflash-train"}, ["restart", "--fraction", "0.93"])
+    assert error.value.exit_code == 1
+    assert remote.run_remote({"host": "ssh://ops@gpu-7"}, ["status"]) == 3
+    assert "was not reached (ssh exited 255)" in capsys.readouterr().err
+    assert remote.run_remote({"host": "ssh://ops@gpu-7"}, ["guard", "status"]) == 255  # not a check: as it came
 
 
 @pytest.mark.parametrize("error", [click.ClickException("systemctl restart sglang.service failed: timeout"),
