@@ -111,3 +111,19 @@ def test_the_rollout_probes_send_the_engines_api_key(tmp_path, monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_copies_of_an_unfinished_run_are_kept_and_named(tmp_path):
+    """A run stopped between its copies and its record (Ctrl-C during the drain) leaves the new
+    files under an engine that runs the old ones: the next run must not copy the new files over
+    the old ones and must say which run left them. A retry of one run's own probe goes on."""
+    node = rollout_node()
+    backup, env = tmp_path / "backup", tmp_path / "sglang.env"
+    env.write_text("SGLANG_MEM_FRACTION_STATIC=0.93\n")
+    assert node.in_flight(str(backup), "run 1") == ""
+    node.files([str(env)], str(backup))
+    assert node.in_flight(str(backup), "run 1") == ""  # the probe's own retry
+    env.write_text("SGLANG_MEM_FRACTION_STATIC=0.92\n")  # what the stopped run rendered
+    assert node.in_flight(str(backup), "run 2") == "run 1"
+    assert (backup / "sglang.env").read_text() == "SGLANG_MEM_FRACTION_STATIC=0.93\n"
+    assert node.in_flight("-", "run 2") == ""  # --check takes no copies and sets no mark
