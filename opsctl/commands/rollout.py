@@ -10,6 +10,7 @@ values; 2 usage errors, or the playbook refused the change before touching any n
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from opsctl import rollout as ro
 from opsctl.output import console, err_console, print_json
+from opsctl.restart import Terminated, terminations_unwind
 
 
 def _fmt_s(value: float | None) -> str:
@@ -85,6 +87,26 @@ def _follow(process: subprocess.Popen, log) -> dict[str, list[str]]:
     return diffs
 
 
+def _interrupted(process: subprocess.Popen, name: str, run_dir: Path, stop: BaseException) -> None:
+    """Ctrl-C (which reached ansible-playbook too) or SIGTERM/SIGHUP: stop the playbook, say what
+    may be half done, exit 3. Ansible's rescue does not run on an interrupt, so a node in the
+    middle of its change keeps whatever it had reached."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    summary = ro.summarize(run_dir)
+    unrecorded = [node.host for node in summary.nodes if not node.result] if summary else []
+    err_console.print(
+        f"rollout {name} interrupted ({type(stop).__name__} {stop}). A node that was being changed may hold new "
+        f"files under an engine that runs the old ones: check {', '.join(unrecorded) or 'the nodes'} with "
+        f"`opsctl status`. Its next run stops at such a node and names the copies of its previous files.",
+        soft_wrap=True)
+    sys.exit(ro.EXIT_DOWN)
+
+
 @click.command("rollout")
 @click.option("--fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               help="New --mem-fraction-static, strictly between 0 and 1.")
@@ -109,7 +131,8 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
 
     Per node: pre-check health, drain running requests (bounded), apply, restart health-gated,
     verify /server_info and smoke /generate. A node that fails is rolled back and the rollout
-    stops there. Exit 0 all done, 1 stopped with a rollback, 2 usage, 3 a rollback failed.
+    stops there. Exit 0 all done, 1 stopped with a rollback, 2 usage or refused before any node
+    changed (a failed --check too), 3 a rollback failed or the run was interrupted.
     """
     if chunk is not None and chunk != -1 and chunk <= 0:
         raise click.BadParameter("use a positive token count or -1 (no chunking)", param_hint="--chunked-prefill-size")
@@ -141,8 +164,12 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     with log_path.open("w") as log:
         process = subprocess.Popen(argv, cwd=playbook_dir, env=ro.playbook_env(), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
-        diffs = _follow(process, log)
-        rc = process.wait()
+        try:
+            with terminations_unwind():
+                diffs = _follow(process, log)
+                rc = process.wait()
+        except (KeyboardInterrupt, Terminated) as stop:
+            _interrupted(process, name, run_dir, stop)
 
     if check:
         if json_:
@@ -154,8 +181,10 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
                     console.print(text, markup=False, highlight=False, end="")
             if not diffs:
                 console.print("no node would change")
-        if rc != 0:
-            raise click.ClickException(f"the check failed (ansible-playbook exit {rc}); see {log_path}")
+        if rc != 0:  # nothing was changed: a usage-level failure, not a stopped rollout (1)
+            error = click.ClickException(f"the check failed (ansible-playbook exit {rc}); see {log_path}")
+            error.exit_code = ro.EXIT_USAGE
+            raise error
         return
 
     summary = ro.summarize(run_dir)

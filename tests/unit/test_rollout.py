@@ -1,6 +1,7 @@
 """opsctl rollout: the playbook command, progress parsing, summaries and exit codes (no nodes)."""
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -117,7 +118,7 @@ def fake_playbook(tmp_path, monkeypatch):
     (ansible / "inventories" / "lab").mkdir(parents=True)
     (ansible / "rollout.yml").write_text("---\n")
     monkeypatch.setenv("OPSCTL_ANSIBLE_DIR", str(ansible))
-    calls = []
+    calls, sent = [], []
 
     class FakePopen:
         results: dict = {}
@@ -125,6 +126,7 @@ def fake_playbook(tmp_path, monkeypatch):
 
         def __init__(self, argv, **kwargs):
             calls.append(argv)
+            self.signals = sent
             extra = json.loads(argv[argv.index("-e") + 1])
             run_dir = Path(extra["rollout_state_dir"]) / extra["rollout_name"]
             if self.results:  # each run writes its own plan, as validate.yml does (its run: a timestamp)
@@ -133,10 +135,14 @@ def fake_playbook(tmp_path, monkeypatch):
             self.stdout = iter([json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Drain: wait."},
                                             "hosts": {"n1": {}}}) + "\n"])
 
-        def wait(self):
+        def wait(self, timeout=None):
             return self.rc
 
+        def send_signal(self, signum):
+            self.signals.append(signum)
+
     monkeypatch.setattr(command.subprocess, "Popen", FakePopen)
+    FakePopen.sent = sent
     return ansible, FakePopen, calls
 
 
@@ -160,6 +166,28 @@ def test_cli_playbook_refusal_before_any_node_exits_2(fake_playbook):
     result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
     assert result.exit_code == 2
     assert "stopped before changing any node" in result.stderr
+
+
+def test_cli_an_interrupted_rollout_stops_the_playbook_and_exits_3(fake_playbook, monkeypatch):
+    """Ctrl-C or SIGTERM mid-node: click said "Aborted!" and exited 1 ("stopped with a
+    rollback"), although no rollback ran and a node may be half changed."""
+    ansible, popen, _ = fake_playbook
+    popen.results = {"n1": {"status": "done"}, "n2": {}}
+
+    def interrupted(process, log):
+        raise command.Terminated("SIGTERM")
+    monkeypatch.setattr(command, "_follow", interrupted)
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
+    assert result.exit_code == 3, result.output
+    assert popen.sent == [signal.SIGINT]  # the playbook stops too (a SIGTERM did not reach it)
+    assert "interrupted" in result.stderr and "check n2" in result.stderr
+
+
+def test_cli_a_failed_check_is_exit_2_not_a_stopped_rollout(fake_playbook):
+    ansible, popen, _ = fake_playbook
+    result = CliRunner().invoke(cli, ["rollout", "--check", "--fraction", "0.93",
+                                      "-i", str(ansible / "inventories" / "lab")])
+    assert result.exit_code == 2 and "the check failed" in result.stderr
 
 
 def test_cli_an_earlier_runs_records_are_not_this_runs(fake_playbook):
