@@ -1,7 +1,7 @@
 """Make SGLang's Triton attention backend use ``verify_attention`` for target-verify on MLA models.
 
-Opt-in: nothing changes unless the environment variable DFLASH_VERIFY_KERNEL=1 is set in the
-server's processes; unset it (or set 0) to go back to SGLang's own kernels.
+Opt-in: nothing changes unless the environment variable DFLASH_VERIFY_KERNEL=1 (or true, yes,
+on) is set in the server's processes; unset it (or set 0) to go back to SGLang's own kernels.
 
 How it hooks in (SGLang 0.5.23, ``sglang/srt/layers/attention/triton_backend.py``):
 ``TritonAttnBackend.forward_extend`` already has a fast-path slot for target-verify. When
@@ -18,26 +18,23 @@ the launching process alone would be lost): write a one-line ``.pth`` file into 
 
     python -m dflash_kernels.sglang_plugin --write-pth
 
-which imports ``dflash_kernels.sglang_plugin`` at interpreter start-up; with the variable set, that
-installs an import hook that patches the backend class right after SGLang imports it. Without
-the variable, the hook is not installed and nothing of this module runs.
+which imports ``dflash_kernels_startup`` (standard library only) at interpreter start-up; with the
+variable set, that installs an import hook that imports this module and patches the backend
+class right after SGLang imports it. Without the variable, the hook is not installed and nothing
+of this module runs.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.abc
+import logging
 import os
 import sys
 import sysconfig
 
-ENV = "DFLASH_VERIFY_KERNEL"
-TARGET_MODULE = "sglang.srt.layers.attention.triton_backend"
-TARGET_CLASS = "TritonAttnBackend"
+# the switch and the import hook live in a standard-library module outside this package (see there)
+from dflash_kernels_startup import ENV, ON_VALUES, TARGET_CLASS, TARGET_MODULE, enabled, install, uninstall_hook  # noqa: E402,F401
+
 PTH_NAME = "dflash_kernels_sglang.pth"
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV, "0").strip() == "1"
 
 
 class MlaVerify:
@@ -47,8 +44,13 @@ class MlaVerify:
 
     def __init__(self, fallback=None):
         self.fallback = fallback
+        # one workspace per (device, heads, draft length, splits), sized for the largest batch
+        # seen or announced (max_bs); a smaller batch uses its first slots. A workspace that a
+        # larger batch replaces stays alive: a CUDA graph captured with it still writes there.
         self._workspaces: dict = {}
+        self._replaced: list = []
         self.last_reason = None  # why the last call was not served (for logs and tests)
+        self.failed: str | None = None  # the kernel's first failure: SGLang's path serves after it
 
     # -- which calls this kernel serves --
     @staticmethod
@@ -92,11 +94,7 @@ class MlaVerify:
                  custom_mask, causal, mask_indptr, max_extend_len, k_descale=1.0, v_descale=1.0,
                  sm_scale=None, logit_cap=0.0, sliding_window_size=-1, sinks=None,
                  window_kv_offsets=None, xai_temperature_len=-1, max_bs=None, **unknown):
-        reason = "unknown keyword arguments " + ", ".join(sorted(unknown)) if unknown else \
-            self.unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, logit_cap, sliding_window_size, sinks,
-                             window_kv_offsets, xai_temperature_len)
-        self.last_reason = reason
-        if reason is not None:
+        def decline():
             if self.fallback is None:
                 return False
             return self.fallback(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
@@ -104,13 +102,45 @@ class MlaVerify:
                                  sm_scale, logit_cap=logit_cap, sliding_window_size=sliding_window_size,
                                  sinks=sinks, window_kv_offsets=window_kv_offsets,
                                  xai_temperature_len=xai_temperature_len, max_bs=max_bs, **unknown)
-        # (SGLang passes the layer's k/v scales, or 1.0 when the pool is not scaled)
-        self._run(q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
-                  mask_indptr, int(max_extend_len), sm_scale, float(k_descale or 1.0), float(v_descale or 1.0))
+
+        if self.failed is not None:
+            reason = f"it failed before: {self.failed}"
+        elif unknown:
+            reason = "unknown keyword arguments " + ", ".join(sorted(unknown))
+        else:
+            reason = self.unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, logit_cap, sliding_window_size,
+                                      sinks, window_kv_offsets, xai_temperature_len)
+        self.last_reason = reason
+        if reason is not None:
+            return decline()
+        try:
+            # (SGLang passes the layer's k/v scales, or 1.0 when the pool is not scaled)
+            self._run(q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
+                      mask_indptr, int(max_extend_len), sm_scale, float(k_descale or 1.0), float(v_descale or 1.0),
+                      int(max_bs or 0))
+        except Exception as error:  # noqa: BLE001 - a failure of ours must not take the scheduler down
+            # (e.g. a runtime Triton whose Gluon compiles these kernels differently): SGLang's own
+            # path serves this call and every later one, and the log says why, once
+            self.failed = f"{type(error).__name__}: {error}"
+            self.last_reason = f"it failed: {self.failed}"
+            logging.getLogger(__name__).exception("%s: the verify kernel failed; SGLang's own verify path "
+                                                  "serves from now on (unset %s to silence this)", __name__, ENV)
+            return decline()
         return True
 
+    def _workspace(self, va, device, batch: int, heads: int, mq: int, ns: int, max_bs: int):
+        """Views of the first slots of the shape's workspace, as verify_attention expects them."""
+        shapes = va.workspace_shape(batch, heads, mq, ns)
+        key = (device, heads, mq, ns)
+        ws = self._workspaces.get(key)
+        if ws is None or ws[0].shape[0] < shapes[0][0]:
+            if ws is not None:
+                self._replaced.append(ws)
+            ws = self._workspaces[key] = va.alloc_workspace(max(batch, max_bs), heads, mq, ns, device)
+        return tuple(buffer[:shape[0]] for buffer, shape in zip(ws, shapes, strict=True))
+
     def _run(self, q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
-             mask_indptr, max_q_len, sm_scale, k_scale, v_scale):
+             mask_indptr, max_q_len, sm_scale, k_scale, v_scale, max_bs=0):
         import importlib
 
         import torch
@@ -127,10 +157,7 @@ class MlaVerify:
         else:
             tree = chain_or_full_mask(qo_indptr, n_tok, max_q_len, causal)
         cfg, ns, mq = va.plan(q, batch, max_q_len, kv_dtype=k_buffer.dtype)
-        key = (q.device, batch, h, mq, ns)
-        ws = self._workspaces.get(key)
-        if ws is None:
-            ws = self._workspaces[key] = va.alloc_workspace(batch, h, mq, ns, q.device)
+        ws = self._workspace(va, q.device, batch, h, mq, ns, max_bs)
         scale = sm_scale if sm_scale is not None else 576 ** -0.5  # SGLang's default: 1/sqrt(Lq)
         va.verify_attention(q, k.reshape(n_tok, 576), k_buffer, kv_indices, kv_indptr, qo_indptr, tree,
                             float(scale), out=o.view(n_tok, h, 512), workspace=ws, max_q_len=mq,
@@ -188,58 +215,9 @@ def patch_backend_class(cls) -> bool:
     return True
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Import hook: when TARGET_MODULE is imported, patch its TARGET_CLASS right after it runs."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET_MODULE:
-            return None
-        spec = None  # the spec the other finders give, with its loader wrapped
-        for finder in list(sys.meta_path):
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None:
-            return None
-        loader = spec.loader
-        orig_exec = loader.exec_module
-
-        def exec_module(module):
-            orig_exec(module)
-            cls = getattr(module, TARGET_CLASS, None)
-            if cls is not None:
-                patch_backend_class(cls)
-
-        loader.exec_module = exec_module
-        return spec
-
-
-def install() -> None:
-    """Patch now if SGLang's backend is already imported, else when it is imported."""
-    mod = sys.modules.get(TARGET_MODULE)
-    if mod is not None and hasattr(mod, TARGET_CLASS):
-        patch_backend_class(getattr(mod, TARGET_CLASS))
-        return
-    if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport())
-
-
-def uninstall_hook() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchAfterImport)]
-
-
-def autoload() -> None:
-    """Entry of the .pth line: installs the hook only when DFLASH_VERIFY_KERNEL=1."""
-    if enabled():
-        install()
-
-
-# One line, run by site.py at every interpreter start: it reads the variable first, so without
-# DFLASH_VERIFY_KERNEL=1 it imports nothing (no torch, no triton) and costs nothing.
-PTH_LINE = ("import os; os.environ.get('DFLASH_VERIFY_KERNEL', '0').strip() == '1' and "
-            "__import__('dflash_kernels.sglang_plugin', fromlist=['autoload']).autoload()\n")
+# One line, run by site.py at every interpreter start: a standard-library module that reads the
+# switch; off, it installs nothing, and on, nothing heavy is imported before SGLang's backend.
+PTH_LINE = "import dflash_kernels_startup; dflash_kernels_startup.autoload()\n"
 
 
 def write_pth(site_dir: str | None = None) -> str:

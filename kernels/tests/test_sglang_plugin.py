@@ -170,6 +170,28 @@ def test_served_calls_pass_the_pool_and_its_scales(monkeypatch, pool_dtype, desc
     assert kw["workspace"][0].shape == va.workspace_shape(1, 8, 4, kw["num_splits"])[0]
 
 
+def test_a_kernel_that_fails_hands_this_call_and_the_rest_to_sglang(monkeypatch, caplog):
+    """An exception of ours (a runtime Triton that compiles the Gluon kernels differently)
+    raised inside SGLang's forward_extend and took the scheduler down at warm-up. Now SGLang's
+    path serves that call and every later one, and the log says why, once."""
+    va = importlib.import_module("dflash_kernels.verify_attention")
+    calls = []
+
+    def broken(*args, **kw):
+        calls.append(1)
+        raise RuntimeError("Gluon: no such layout")
+    monkeypatch.setattr(va, "verify_attention", broken)
+    monkeypatch.setattr(va, "_device_info", lambda device: (12, 0, 188))
+    monkeypatch.setattr(plugin.MlaVerify, "unsupported", staticmethod(lambda *a, **kw: None))
+    verify = plugin.MlaVerify(fallback=lambda *a, **kw: "sglang's own fast path")
+    with caplog.at_level("ERROR"):
+        assert verify(**_args()) == "sglang's own fast path"
+        assert verify(**_args()) == "sglang's own fast path"
+    assert calls == [1] and "Gluon: no such layout" in verify.last_reason
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert plugin.MlaVerify()(**_args()) is False  # no fast path of SGLang's: its extend_attention_fwd
+
+
 def test_import_hook_patches_on_import(tmp_path, monkeypatch):
     pkg = tmp_path / "sglang" / "srt" / "layers" / "attention"
     pkg.mkdir(parents=True)
@@ -200,20 +222,45 @@ def test_import_hook_patches_on_import(tmp_path, monkeypatch):
         sys.modules.update(saved)
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_pth_line(tmp_path, on):
+@pytest.mark.parametrize("value,on", [("1", True), ("True", True), ("yes", True), ("0", False), ("", False)])
+def test_pth_line(tmp_path, value, on):
+    """The start-up line and enabled() read the switch alike (a YAML true renders as "True");
+    neither way does it import torch: the line runs in every Python process of the container,
+    the image's health check too."""
     path = plugin.write_pth(str(tmp_path))
     code = ("import site, sys; site.addsitedir(sys.argv[1]); "
             "print(any(type(f).__name__ == '_PatchAfterImport' for f in sys.meta_path), 'torch' in sys.modules)")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env[plugin.ENV] = "1" if on else "0"
+    env[plugin.ENV] = value
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     hooked, torch_loaded = r.stdout.split()
     assert hooked == str(on)
-    if not on:
-        assert torch_loaded == "False"  # switched off: the start-up line imports nothing heavy
+    assert torch_loaded == "False"
+    os.environ[plugin.ENV], before = value, os.environ.get(plugin.ENV)
+    try:
+        assert plugin.enabled() is on
+    finally:
+        os.environ.pop(plugin.ENV) if before is None else os.environ.__setitem__(plugin.ENV, before)
     assert os.path.basename(path) == plugin.PTH_NAME
+
+
+def test_one_workspace_per_shape_sized_for_the_largest_batch():
+    """A workspace per batch size piled up outside SGLang's memory budget (each graph batch size
+    kept its own). Now one per shape serves every batch up to max_bs through views of its first
+    slots; a larger batch gets a larger one, and the old one stays alive for the graphs that
+    captured it."""
+    va = importlib.import_module("dflash_kernels.verify_attention")
+    verify = plugin.MlaVerify()
+    cpu = torch.device("cpu")
+    small = verify._workspace(va, cpu, batch=2, heads=8, mq=16, ns=47, max_bs=48)
+    assert [tuple(x.shape) for x in small] == [tuple(s) for s in va.workspace_shape(2, 8, 16, 47)]
+    full = verify._workspaces[(cpu, 8, 16, 47)]
+    assert full[0].shape[0] == 47 + 2 * 48 and all(x.is_contiguous() for x in small)
+    other = verify._workspace(va, cpu, batch=48, heads=8, mq=16, ns=47, max_bs=48)
+    assert other[0].data_ptr() == small[0].data_ptr() == full[0].data_ptr() and len(verify._workspaces) == 1
+    larger = verify._workspace(va, cpu, batch=64, heads=8, mq=16, ns=47, max_bs=48)
+    assert larger[0].shape[0] == 47 + 2 * 64 and verify._replaced == [full]
 
 
 def test_chain_or_full_mask():
