@@ -281,6 +281,48 @@ def test_every_candidate_config(cfg):
     _check(case, *_run(case, config=cfg))
 
 
+def test_draft_mask_kernel_matches_the_torch_mask():
+    """The plugin's one-kernel chain mask against its torch ops, over batches whose draft blocks
+    cross the 32-bit word boundary."""
+    from dflash_kernels.sglang_plugin import chain_or_full_mask, chain_or_full_mask_torch
+    for lengths in ([16], [1, 16, 3], [64, 33, 1, 40], [5] * 48):
+        qo = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        for causal in (True, False):
+            got = chain_or_full_mask(qo, int(qo[-1]), max(lengths), causal)
+            assert torch.equal(got, chain_or_full_mask_torch(qo, int(qo[-1]), max(lengths), causal)), (lengths, causal)
+
+
+def test_sglang_plugin_serves_dflash_chains_without_a_custom_mask():
+    """DFlash's own call (no custom mask, causal=True: the plugin builds the chain mask itself)
+    against the float32 reference; then in a CUDA graph, replayed after q changes in place."""
+    from dflash_kernels.sglang_plugin import MlaVerify
+    h, t = 8, 16
+    case = make_case([30_000, 77, 5000], [t, t, t], h, mask="chain", idx_dtype=torch.int64)
+    kb = case["kv_cache"].reshape(-1, 1, 576)
+    ke = case["k_extend"].reshape(-1, 1, 576)
+    args = (case["q"], ke, ke[..., :512].contiguous(), None, kb, kb[..., :512], case["qo_indptr"],
+            case["kv_indptr"], case["kv_indices"], None, True, None, t, 1.0, 1.0, SM_SCALE)
+    kw = dict(logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
+              xai_temperature_len=-1, max_bs=8)
+
+    def reference():
+        return va.reference_verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
+                                             case["kv_indptr"], case["qo_indptr"], case["blocks"], SM_SCALE)[0]
+    fn = MlaVerify()
+    ours = torch.full((case["q"].shape[0], h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert fn(*args[:3], ours, *args[4:], **kw) is True, fn.last_reason
+    assert not torch.isnan(ours).any() and rel_err(ours, reference()) < TOL
+    g_out = torch.full_like(ours, float("nan"))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(*args[:3], g_out, *args[4:], **kw)
+    case["q"].copy_(torch.randn_like(case["q"], dtype=torch.float32).to(torch.bfloat16))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(g_out, reference()) < TOL
+
+
 def test_sglang_plugin_path_matches_sglang():
     """The plugin, called exactly as SGLang's backend calls its verify fast path (pool as
     (pool, 1, 576) with V a view of it, int64 kv_indices, bool custom_mask), against SGLang's
