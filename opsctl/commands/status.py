@@ -2,7 +2,8 @@
 
 Exit codes follow the Nagios convention, so monitoring can run it as a check:
 0 OK (active, healthy, a real generate answers), 1 WARNING (serving, but an override drifts
-from Ansible, the KV pool holds less than the context target, or the unit restarted),
+from Ansible, the KV pool holds less than the context target, or the unit restarted within the
+last hour),
 2 CRITICAL (not active, unhealthy, or hung: /health answers but a generate does not),
 3 UNKNOWN (opsctl could not tell: no systemd, unreadable config).
 """
@@ -27,6 +28,7 @@ from opsctl.output import console, print_json
 from opsctl.systemd import unit_state
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+RECENT_RESTART_S = 3600  # a restart by systemd within this is a warning; the count stays in the table
 LEVEL_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 
 
@@ -93,8 +95,11 @@ def collect(timeout_s: float) -> dict[str, Any]:
             problems.append((CRITICAL, f"{config.unit} is not installed"))
         elif unit.active_state != "active":
             problems.append((CRITICAL, f"{config.unit} is {unit.active_state} ({unit.sub_state}, result {unit.result})"))
-        elif unit.restarts:
-            problems.append((WARNING, f"{config.unit} restarted {unit.restarts} time(s) since it was started"))
+        elif unit.restarts and (unit.uptime_s or 0) < RECENT_RESTART_S:
+            # systemd counts restarts until the next manual start: one from last week, after
+            # which the engine has served ever since, is no reason to warn today
+            problems.append((WARNING, f"{config.unit} restarted {unit.restarts} time(s) since it was started, "
+                                      f"the last {(unit.uptime_s or 0) / 60:.0f} min ago"))
     if not engine.health.ok:
         problems.append((CRITICAL, f"/health: {engine.health.error}"))
     elif not engine.health_generate.ok:

@@ -107,3 +107,25 @@ def test_no_systemd_to_ask_is_unknown_and_a_hung_nvidia_smi_a_warning(monkeypatc
     assert any("systemctl gives no state" in problem for problem in report["problems"])
     assert any("nvidia-smi did not answer" in problem for problem in report["problems"])
 
+
+
+def test_a_restart_long_ago_is_no_warning(monkeypatch, node_config):
+    """systemd counts restarts until the next manual start: a restart last week, after which the
+    engine has served ever since, kept status at WARNING for good."""
+    from datetime import datetime, timedelta, timezone
+
+    from opsctl import engine
+    from opsctl.systemd import UnitState
+    node_config()
+    up = engine.Probe("http://x/health", True, 200, 3.0)
+    monkeypatch.setattr(status, "look", lambda url, timeout_s, api_key=None: engine.EngineView(up, up, up, up))
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines: [])
+    monkeypatch.setattr(status, "gpu_summary", lambda: "no GPU (nvidia-smi not found)")
+    monkeypatch.setattr(status, "guard_summary", lambda config: {"state": "not installed", "problem": None})
+    for minutes_up, level in ((10, "WARNING"), (60 * 24 * 7, "OK")):
+        since = datetime.now(timezone.utc) - timedelta(minutes=minutes_up)
+        monkeypatch.setattr(status, "unit_state", lambda unit, since=since: UnitState(
+            unit, "loaded", "active", "running", "success", 2, 1, 0, "enabled", since, "run"))
+        report = status.collect(1.0)
+        assert report["level"] == level, report["problems"]
+        assert report["unit"]["restarts"] == 2
