@@ -292,18 +292,39 @@ def test_draft_mask_kernel_matches_the_torch_mask():
             assert torch.equal(got, chain_or_full_mask_torch(qo, int(qo[-1]), max(lengths), causal)), (lengths, causal)
 
 
+def _backend_call(case, custom_mask, causal, mask_indptr, t):
+    """The verify fast path's arguments as SGLang's backend passes them (pool as (pool, 1, 576)
+    with V a view of it; o, the fourth, is None here for the caller to fill in)."""
+    kb = case["kv_cache"].reshape(-1, 1, 576)
+    ke = case["k_extend"].reshape(-1, 1, 576)
+    args = (case["q"], ke, ke[..., :512].contiguous(), None, kb, kb[..., :512], case["qo_indptr"],
+            case["kv_indptr"], case["kv_indices"], custom_mask, causal, mask_indptr, t, 1.0, 1.0, SM_SCALE)
+    kw = dict(logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
+              xai_temperature_len=-1, max_bs=8)
+    return args, kw
+
+
+def _replayed_on_new_q(fn, case, args, kw, like):
+    """The output of `fn` captured once in a CUDA graph, then replayed after q changed in place."""
+    g_out = torch.full_like(like, float("nan"))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(*args[:3], g_out, *args[4:], **kw)
+    case["q"].copy_(torch.randn_like(case["q"], dtype=torch.float32).to(torch.bfloat16))
+    g_out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return g_out
+
+
 def test_sglang_plugin_serves_dflash_chains_without_a_custom_mask():
     """DFlash's own call (no custom mask, causal=True: the plugin builds the chain mask itself)
     against the float32 reference; then in a CUDA graph, replayed after q changes in place."""
     from dflash_kernels.sglang_plugin import MlaVerify
     h, t = 8, 16
     case = make_case([30_000, 77, 5000], [t, t, t], h, mask="chain", idx_dtype=torch.int64)
-    kb = case["kv_cache"].reshape(-1, 1, 576)
-    ke = case["k_extend"].reshape(-1, 1, 576)
-    args = (case["q"], ke, ke[..., :512].contiguous(), None, kb, kb[..., :512], case["qo_indptr"],
-            case["kv_indptr"], case["kv_indices"], None, True, None, t, 1.0, 1.0, SM_SCALE)
-    kw = dict(logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
-              xai_temperature_len=-1, max_bs=8)
+    args, kw = _backend_call(case, None, True, None, t)
 
     def reference():
         return va.reference_verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
@@ -312,15 +333,7 @@ def test_sglang_plugin_serves_dflash_chains_without_a_custom_mask():
     ours = torch.full((case["q"].shape[0], h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     assert fn(*args[:3], ours, *args[4:], **kw) is True, fn.last_reason
     assert not torch.isnan(ours).any() and rel_err(ours, reference()) < TOL
-    g_out = torch.full_like(ours, float("nan"))
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn(*args[:3], g_out, *args[4:], **kw)
-    case["q"].copy_(torch.randn_like(case["q"], dtype=torch.float32).to(torch.bfloat16))
-    g.replay()
-    torch.cuda.synchronize()
-    assert rel_err(g_out, reference()) < TOL
+    assert rel_err(_replayed_on_new_q(fn, case, args, kw, ours), reference()) < TOL
 
 
 def test_sglang_plugin_path_matches_sglang():
@@ -335,12 +348,7 @@ def test_sglang_plugin_path_matches_sglang():
     h, t = 8, 16
     case = make_case([30_000, 77, 5000], [t, t, t], h, mask="tree", idx_dtype=torch.int64)
     cm, mi = sglang_custom_mask(case)
-    kb = case["kv_cache"].reshape(-1, 1, 576)
-    ke = case["k_extend"].reshape(-1, 1, 576)
-    args = (case["q"], ke, ke[..., :512].contiguous(), None, kb, kb[..., :512], case["qo_indptr"],
-            case["kv_indptr"], case["kv_indices"], cm, False, mi, t, 1.0, 1.0, SM_SCALE)
-    kw = dict(logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
-              xai_temperature_len=-1, max_bs=8)
+    args, kw = _backend_call(case, cm, False, mi, t)
     fn = MlaVerify()
     ours = torch.full((case["q"].shape[0], h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     assert fn(*args[:3], ours, *args[4:], **kw) is True, fn.last_reason
@@ -348,15 +356,7 @@ def test_sglang_plugin_path_matches_sglang():
     run_peer(peer, case, theirs)
     assert not torch.isnan(ours).any()
     assert rel_err(ours, theirs) < TOL
-    # in a graph: capture once, replay after changing the inputs in place
-    g_out = torch.full_like(ours, float("nan"))
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn(*args[:3], g_out, *args[4:], **kw)
-    case["q"].copy_(torch.randn_like(case["q"], dtype=torch.float32).to(torch.bfloat16))
-    g_out.fill_(float("nan"))
-    g.replay()
+    g_out = _replayed_on_new_q(fn, case, args, kw, ours)
     run_peer(peer, case, theirs)
     torch.cuda.synchronize()
     assert rel_err(g_out, theirs) < TOL
