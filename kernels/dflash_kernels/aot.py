@@ -4,8 +4,9 @@
                                  [--triton-cache CACHE --check]
 
 For every arch it runs ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` on
-the split and merge kernels for each head count (DIR/sm_<arch>/verify_split_h<heads>.cubin, ...)
-and on the plan kernel for each batch bucket (verify_plan_b<pad>.cubin; the bucket BS_PAD is the
+the split kernel (per pool and kv_indices dtype) and the merge kernels for each head count
+(DIR/sm_<arch>/verify_split_h<heads>.cubin, ...) and on the plan kernel and the plugin's
+draft-block mask kernel for each batch bucket (verify_plan_b<pad>.cubin; the bucket BS_PAD is the
 power of two >= the batch size, at least 2, that the launcher passes), plus .ptx beside each, and
 writes DIR/manifest.json (archs, triton version, kernel names, constexpr configs, launch options,
 shared memory).
@@ -25,11 +26,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.cache import triton_key
 
+from . import _draft_mask
+
 # the package re-exports the function verify_attention, which hides the module of that name
 va = importlib.import_module(".verify_attention", __package__)
 
 # Pointer and scalar types of each kernel's runtime arguments, in order (the constexprs are
-# given apart). Index tensors are int32 here, as SGLang's Triton backend passes them.
+# given apart). Index tensors are int32 (the plugin makes SGLang's indptrs int32), but for the
+# pool slots, kv_indices, which SGLang's Triton backend passes as int64: INDEX_TYPES.
 _PLAN_SIG = {"KV_INDPTR": "*i32", "PLAN": "*i32", "BATCH": "i32", "NUM_SPLITS": "i32"}
 _SPLIT_SIG = {
     "Q": "*bf16", "K_EXT": "*bf16", "KV": "*bf16", "KV_INDICES": "*i32", "KV_INDPTR": "*i32",
@@ -43,6 +47,12 @@ _SCALES_SIG = {"k_scale": "fp32", "v_scale": "fp32"}
 # Pool dtypes the split kernel is built for: name suffix -> Triton's pointer type, on the archs that
 # take fp8 pools (va.fp8_capable); an arch's one config reads them all.
 KV_POOL_TYPES = {"": "*bf16", "_fp8e4m3": "*fp8e4nv", "_fp8e5m2": "*fp8e5"}
+
+
+# kv_indices types the split kernel is built for: name suffix -> Triton's pointer type
+INDEX_TYPES = {"": "*i32", "_i64": "*i64"}
+# the plugin's draft-block mask kernel (DFlash's chains: no custom mask)
+_DRAFT_MASK_SIG = {"qo_indptr": "*i32", "out": "*i32", "batch": "i32"}
 
 
 def pool_types(arch: int) -> dict[str, str]:
@@ -61,9 +71,11 @@ _MERGE_SIG = {
 # are not vectorised and it is not the code that runs.
 _DIV16 = {"Q", "K_EXT", "KV", "KV_INDICES", "KV_INDPTR", "QO_INDPTR", "TREE_MASK", "PLAN", "PART_O",
           "PART_LSE", "OUT", "LSE", "stride_qt", "stride_qh", "stride_kext", "stride_kv",
-          "stride_ot", "stride_oh"}
+          "stride_ot", "stride_oh", "qo_indptr", "out"}
 
 
+# kernels that depend on the batch bucket alone (built once per bucket, not per head count)
+_BUCKET_KERNELS = ("verify_plan", "draft_mask")
 # The plan kernel's batch buckets: the launcher pads the batch to the next power of two (>= 2);
 # SGLang's DFlash runs at most 48 requests.
 BS_PADS = (2, 4, 8, 16, 32, 64, 128)
@@ -77,28 +89,42 @@ def _config(arch: int) -> va.VerifyConfig:
 
 def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     """(name, fn, signature, constexprs, options) of every kernel the launcher runs at one arch,
-    head count and batch bucket: plan, split (per pool dtype) and merge."""
-    plans = [("verify_plan", *_with_sig(va.plan_kernel(_config(arch), bs_pad), _PLAN_SIG))]
+    head count and batch bucket: plan and draft mask (per batch bucket), split (per pool and
+    index dtype) and merge."""
+    plans = [("verify_plan", *_with_sig(va.plan_kernel(_config(arch), bs_pad), _PLAN_SIG)), *_draft_mask_specs(bs_pad)]
     merges = []
     for tile in va.MERGE_TILES:  # the launcher picks one (merge_tile)
         tag = f"_d{tile[0]}c{tile[1]}"
         # with and without the LSE output (SGLang's verify call asks for none)
         merges += [("verify_merge" + tag, *_with_sig(va.merge_kernel(heads, True, tile), _MERGE_SIG)),
                    ("verify_merge_nolse" + tag, *_with_sig(va.merge_kernel(heads, False, tile), _MERGE_SIG))]
-    splits = [("verify_split" + suffix, *_split_spec(arch, heads, kv_type)) for suffix, kv_type in pool_types(arch).items()]
+    splits = [("verify_split" + suffix + idx_suffix, *_split_spec(arch, heads, kv_type, idx_type))
+              for suffix, kv_type in pool_types(arch).items() for idx_suffix, idx_type in INDEX_TYPES.items()]
     return [*plans, *splits, *merges]
 
 
-def _split_spec(arch: int, heads: int, kv_type: str):
+def _draft_mask_specs(bs_pad: int):
+    """The draft-block mask kernel for one batch bucket: each word count and causal or not
+    (compiled with Triton's default launch options, as the plugin launches it)."""
+    specs = []
+    for words in _draft_mask.PREBUILT_WORDS:
+        for causal in (False, True):
+            const = _draft_mask.chain_mask_constexprs(bs_pad, 32 * words, causal)
+            name = f"draft_mask_w{words}" + ("_causal" if causal else "")
+            specs.append((name, _draft_mask.chain_mask_kernel, _DRAFT_MASK_SIG, const, {}))
+    return specs
+
+
+def _split_spec(arch: int, heads: int, kv_type: str, idx_type: str):
     """(fn, signature, constexprs, options) of the split kernel the launcher runs for a pool of
-    kv_type."""
+    kv_type and kv_indices of idx_type."""
     fn, const, opts = va.split_kernel(_config(arch), heads, fp8_pool=kv_type != "*bf16")
-    return fn, split_signature(fn, kv_type), const, opts
+    return fn, split_signature(fn, kv_type, idx_type), const, opts
 
 
-def split_signature(fn, kv_type: str = "*bf16") -> dict:
-    """Runtime argument types of split kernel fn for a pool of kv_type."""
-    return {**_SPLIT_SIG, "KV": kv_type, **(_SCALES_SIG if va.takes_scales(fn) else {})}
+def split_signature(fn, kv_type: str = "*bf16", idx_type: str = "*i32") -> dict:
+    """Runtime argument types of split kernel fn for a pool of kv_type and kv_indices of idx_type."""
+    return {**_SPLIT_SIG, "KV": kv_type, "KV_INDICES": idx_type, **(_SCALES_SIG if va.takes_scales(fn) else {})}
 
 
 def _with_sig(spec, signature):
@@ -140,11 +166,11 @@ def build(archs, out_dir: str, heads=(8, 16), bs_pads=BS_PADS, triton_cache: str
         jobs = []
         for h in heads:
             for name, fn, sig, const, opts in kernel_specs(arch, h):
-                if not name.startswith("verify_plan"):  # plan kernels depend on the batch bucket alone
+                if not name.startswith(_BUCKET_KERNELS):
                     jobs.append((f"{name}_h{h}", fn, sig, const, opts, name))
         for bp in bs_pads:
             for name, fn, sig, const, opts in kernel_specs(arch, heads[0], bp):
-                if name.startswith("verify_plan"):
+                if name.startswith(_BUCKET_KERNELS):
                     jobs.append((f"{name}_b{bp}", fn, sig, const, opts, name))
         for stem, fn, sig, const, opts, name in jobs:
             k = compile_one(fn, sig, const, arch, opts)

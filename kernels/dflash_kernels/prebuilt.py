@@ -23,6 +23,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import compiler as triton_compiler
 from triton.runtime.driver import driver
 
+from . import _draft_mask
+
 va = importlib.import_module(".verify_attention", __package__)
 
 # Shared memory per block (bytes) and threads per block the stand-in reports, by architecture.
@@ -70,7 +72,7 @@ def _jit_kernels(arch: int) -> list:
     """The JIT functions the launcher calls for `arch`, for every pool it takes."""
     splits = {va.split_kernel(va.config_for_arch(arch // 10, arch % 10, kv), heads=8, fp8_pool=kv != torch.bfloat16)[0]
               for kv in _pool_dtypes(arch)}
-    return [va._verify_plan_kernel, *splits, va._verify_merge_kernel]
+    return [va._verify_plan_kernel, _draft_mask.chain_mask_kernel, *splits, va._verify_merge_kernel]
 
 
 @contextlib.contextmanager
@@ -110,10 +112,12 @@ def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
 
 
 def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, with_lse: bool,
-                       kv_dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> None:
-    """One verify call with SGLang's argument types (int32 indices, bf16 draft latents, a pool of
-    kv_dtype, with scales when it is fp8) and the config the launcher picks for `arch`, as
-    SGLang's plugin gets it."""
+                       kv_dtype: torch.dtype = torch.bfloat16, index_dtype: torch.dtype = torch.int64,
+                       device: str = "cpu") -> None:
+    """One verify call as SGLang's plugin makes it: int32 indptrs, kv_indices of index_dtype
+    (SGLang's Triton backend passes int64), bf16 draft latents, a pool of kv_dtype with scales
+    when it is fp8, a chain's draft-block mask from the plugin's mask kernel (causal when there is
+    an LSE output, so both kinds are checked), and the config the launcher picks for `arch`."""
     scale = 1.0 if kv_dtype == torch.bfloat16 else 0.5
     cfg = va.config_for_arch(arch // 10, arch % 10, kv_dtype)
     n_tok = batch * draft_tokens
@@ -121,22 +125,24 @@ def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, wit
     pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device).to(kv_dtype)
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device=device)
     qo_indptr = torch.arange(0, n_tok + 1, draft_tokens, dtype=torch.int32, device=device)
-    mask = torch.zeros(n_tok, (draft_tokens + 31) // 32, dtype=torch.int32, device=device)
+    mask = _draft_mask.chain_mask(qo_indptr, n_tok, draft_tokens, causal=with_lse)
     lse = torch.zeros(n_tok, heads, dtype=torch.float32, device=device) if with_lse else None
     va.verify_attention(q, torch.zeros(n_tok, va.D_LATENT, dtype=torch.bfloat16, device=device), pool,
-                        torch.zeros(batch, dtype=torch.int32, device=device), indptr, qo_indptr, mask, 0.07,
+                        torch.zeros(batch, dtype=index_dtype, device=device), indptr, qo_indptr, mask, 0.07,
                         lse=lse, max_q_len=draft_tokens, num_splits=132, config=cfg, k_scale=scale, v_scale=scale)
 
 
-def check_cases(heads=(8, 16), batches=CHECK_BATCHES, draft_tokens=(16, 64), kv_dtypes=va.KV_DTYPES):
-    return [(h, b, t, lse, kv) for h in heads for b in batches for t in draft_tokens for lse in (False, True)
-            for kv in kv_dtypes]
+def check_cases(heads=(8, 16), batches=CHECK_BATCHES, draft_tokens=(16, 64), kv_dtypes=va.KV_DTYPES,
+                index_dtypes=(torch.int64, torch.int32)):
+    return [(h, b, t, lse, kv, idx) for h in heads for b in batches for t in draft_tokens for lse in (False, True)
+            for kv in kv_dtypes for idx in index_dtypes]
 
 
 def _misses(arch: int, case: tuple, events: list[tuple[str, bool]]) -> list[str]:
-    h, batch, t, with_lse, kv_dtype = case
+    h, batch, t, with_lse, kv_dtype, index_dtype = case
     pool = str(kv_dtype).removeprefix("torch.")
-    return [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse}, pool={pool})"
+    indices = str(index_dtype).removeprefix("torch.")
+    return [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse}, pool={pool}, kv_indices={indices})"
             for name, hit in events if not hit]
 
 

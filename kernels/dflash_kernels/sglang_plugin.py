@@ -168,18 +168,10 @@ def chain_or_full_mask(qo_indptr, num_tokens: int, max_q_len: int, causal: bool)
     """Packed draft-block mask without a custom mask (DFlash's chains): lower-triangular (causal)
     or all visible. On a GPU one small kernel builds it (this runs in every layer of every verify
     step, where the torch ops of `chain_or_full_mask_torch` are some twenty launches)."""
-    import torch
     if not qo_indptr.is_cuda or num_tokens == 0:
         return chain_or_full_mask_torch(qo_indptr, num_tokens, max_q_len, causal)
-    import triton
-
-    from ._draft_mask import chain_mask_kernel
-    words = -(-max_q_len // 32)
-    batch = qo_indptr.shape[0] - 1
-    out = torch.empty(num_tokens, words, dtype=torch.int32, device=qo_indptr.device)
-    chain_mask_kernel[(num_tokens,)](qo_indptr, out, batch, WORDS=words,
-                                     BS_PAD=triton.next_power_of_2(max(batch, 2)), CAUSAL=bool(causal))
-    return out
+    from ._draft_mask import chain_mask
+    return chain_mask(qo_indptr, num_tokens, max_q_len, causal)
 
 
 def chain_or_full_mask_torch(qo_indptr, num_tokens: int, max_q_len: int, causal: bool):

@@ -23,8 +23,10 @@ SM90_SMEM_LIMIT = 227 * 1024  # per block on the H100 / H200
 SMEM_LIMITS = {120: SM120_SMEM_LIMIT, 90: SM90_SMEM_LIMIT}
 # the launcher picks a merge tile from the split count and the batch: all are built
 MERGE_NAMES = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in MERGE_TILES}
-# the split kernel for each pool dtype: bf16, fp8 e4m3, fp8 e5m2
-SPLIT_NAMES = {"verify_split" + suffix for suffix in aot.KV_POOL_TYPES}
+# the split kernel for each pool dtype (bf16, fp8 e4m3, fp8 e5m2) and kv_indices dtype (int32, int64)
+SPLIT_NAMES = {"verify_split" + suffix + idx for suffix in aot.KV_POOL_TYPES for idx in aot.INDEX_TYPES}
+# the plugin's draft-block mask kernel (1 and 2 words, causal or not), per batch bucket
+MASK_NAMES = {f"draft_mask_w{w}{c}" for w in (1, 2) for c in ("", "_causal")}
 # (mbarrier instructions, SYNCS.*, are sm_90's and sm_120's: the two-team kernel waits on them)
 HOPPER_ONLY = re.compile(r"\b(HGMMA|WGMMA|UTMALDG|UTMASTG|UTMAPF|UBLKCP)\b")
 
@@ -55,9 +57,9 @@ def test_manifest(built):
     assert manifest["archs"] == [120, 90]
     names = {(k["arch"], k["name"]) for k in manifest["kernels"]}
     for arch in (120, 90):
-        for name in {"verify_plan"} | SPLIT_NAMES | MERGE_NAMES:
+        for name in {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES:
             assert (arch, name) in names
-    assert len(names) == len(manifest["kernels"]) == 2 * (1 + len(SPLIT_NAMES) + len(MERGE_NAMES))
+    assert len(names) == len(manifest["kernels"]) == 2 * (1 + len(MASK_NAMES) + len(SPLIT_NAMES) + len(MERGE_NAMES))
     # every pool's split kernel and the plan kernel, which rounds slices to its tile, share a config
     tiles = {(k["arch"], k["name"]): k["constexprs"]["BLOCK_N"] for k in manifest["kernels"]
              if k["name"].startswith(("verify_split", "verify_plan"))}
@@ -65,13 +67,14 @@ def test_manifest(built):
         assert {tiles[arch, name] for name in {"verify_plan"} | SPLIT_NAMES} == {va.CONFIGS[key].block_n}
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
-        assert k["symbol"].startswith("_verify_")
+        assert k["symbol"].startswith("chain_mask_kernel" if k["name"] in MASK_NAMES else "_verify_")
 
 
 def test_sm120_cubin_is_sm120_mma_sync_only(built):
     out, manifest = built
     cubins = sorted(glob.glob(os.path.join(out, "sm_120", "*.cubin")))
-    assert len(cubins) == 1 + 3 + len(MERGE_NAMES)  # plan, split for three pool dtypes, merge with and without LSE a tile
+    # plan, draft masks, split for three pool and two index dtypes, merge with and without LSE a tile
+    assert len(cubins) == 1 + len(MASK_NAMES) + len(SPLIT_NAMES) + len(MERGE_NAMES)
     for c in cubins:
         sass = _sass(c)
         assert re.search(r"code for sm_120a?\b", sass), f"{c}: not sm_120 code"
@@ -86,7 +89,7 @@ def test_sm120_cubin_is_sm120_mma_sync_only(built):
     symbols = {k["name"]: k["symbol"] for k in manifest["kernels"] if k["arch"] == 120}
     for name in SPLIT_NAMES:
         sass = _sass(os.path.join(out, "sm_120", name + "_h8.cubin"))
-        bf16 = name == "verify_split"
+        bf16 = name.removesuffix("_i64") == "verify_split"
         assert symbols[name] == ("_verify_split_kernel_teams" if bf16 else "_verify_split_kernel_mma2"), name
         assert sass.count("HMMA.16816.F32.BF16") == (36 + 32) * 2, name
         assert ("F2FP.F16.E" in sass) != bf16, name
@@ -110,7 +113,7 @@ def test_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     with open(tmp_path / "manifest.json") as f:
         m = json.load(f)
-    assert {k["name"] for k in m["kernels"]} == {"verify_plan"} | SPLIT_NAMES | MERGE_NAMES
+    assert {k["name"] for k in m["kernels"]} == {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES
 
 
 def _aot_check(tmp_path, *args):
@@ -124,7 +127,8 @@ def _aot_check(tmp_path, *args):
 def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
     """The image fills a Triton cache with the AOT build and points TRITON_CACHE_DIR at it: the
     launcher's calls (SGLang's argument types, batches 1 to 48, t = 16 and 64, with and without
-    LSE, bf16 and fp8 pools) must find every kernel there, on sm_120 (Triton kernel) and sm_90
+    LSE, bf16 and fp8 pools, int64 and int32 kv_indices) and the plugin's draft-block mask kernel
+    must find every kernel there, on sm_120 (Triton kernel) and sm_90
     (Gluon split kernel, for every pool), instead of compiling at first use."""
     r = _aot_check(tmp_path, "--arch", "120", "--arch", "90", "--heads", "8")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -132,11 +136,15 @@ def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
 
 
 def test_the_check_reports_a_missing_binary(tmp_path):
-    """Batch 3 pads to a plan bucket of 4, which this build leaves out: the check says so."""
+    """Batch 3 pads to a plan bucket of 4, which this build leaves out: the check says so, for the
+    plan and the mask kernels (each kernel's first miss: the check's compile fills the cache)."""
     r = _aot_check(tmp_path, "--arch", "120", "--heads", "8", "--batch-pad", "2", "--batch-pad", "8",
                    "--batch-pad", "64")
     assert r.returncode == 1
-    assert "MISS: sm_120 _verify_plan_kernel (h=8, batch=3, t=16, lse=False, pool=bfloat16)" in r.stderr
+    assert ("MISS: sm_120 _verify_plan_kernel (h=8, batch=3, t=16, lse=False, pool=bfloat16, kv_indices=int64)"
+            in r.stderr)
+    assert ("MISS: sm_120 chain_mask_kernel (h=8, batch=3, t=64, lse=True, pool=bfloat16, kv_indices=int64)"
+            in r.stderr)
 
 
 def _assert_wgmma_stays_async(ptx, tmp_path):
