@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 
 import click
 
+from opsctl.commands.status import UNKNOWN
+
 TARGET_OPTIONS = {"-H": "host", "--host": "host", "-i": "inventory", "--inventory": "inventory",
                   "-l": "limit", "--limit": "limit"}
 
@@ -98,9 +100,9 @@ def _command(parsed, args: list[str]) -> list[str]:
         return ["ssh", *options, *port, login, "opsctl " + shlex.join(args)]
 
 
-# `opsctl status` is a Nagios check: a node that was not reached is UNKNOWN (3), whatever the
+# `opsctl status` is a Nagios check: a node that was not reached is UNKNOWN, whatever the
 # transport's own exit code (docker exec's 1 would read as WARNING, ssh's 255 as nothing at all).
-STATUS_UNKNOWN = 3
+STATUS_UNKNOWN = UNKNOWN
 
 
 def _unreached(args: list[str], message: str) -> click.ClickException:

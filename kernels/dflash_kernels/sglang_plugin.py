@@ -31,8 +31,12 @@ import os
 import sys
 import sysconfig
 
-# the switch and the import hook live in a standard-library module outside this package (see there)
-from dflash_kernels_startup import ENV, ON_VALUES, TARGET_CLASS, TARGET_MODULE, enabled, install, uninstall_hook  # noqa: E402,F401
+# the switch and the import hook live in a standard-library module outside this package (see
+# there); this module is their public face
+from dflash_kernels_startup import ENV, TARGET_MODULE, enabled, install, uninstall_hook
+
+__all__ = ["ENV", "TARGET_MODULE", "MlaVerify", "chain_or_full_mask", "enabled", "install", "patch_backend_class",
+           "uninstall_hook", "write_pth"]
 
 PTH_NAME = "dflash_kernels_sglang.pth"
 
