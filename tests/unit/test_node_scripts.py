@@ -127,3 +127,43 @@ def test_the_copies_of_an_unfinished_run_are_kept_and_named(tmp_path):
     assert node.in_flight(str(backup), "run 2") == "run 1"
     assert (backup / "sglang.env").read_text() == "SGLANG_MEM_FRACTION_STATIC=0.93\n"
     assert node.in_flight("-", "run 2") == ""  # --check takes no copies and sets no mark
+
+
+def test_the_rollout_restarts_under_opsctls_engine_lock(tmp_path, monkeypatch):
+    """The rollout's restart holds the lock `opsctl restart` and the guard take: while it runs,
+    opsctl names it and refuses its own change; once it is done, the lock is free again."""
+    import click
+    import pytest
+
+    from opsctl import locking
+    node = rollout_node()
+    seen = {}
+
+    def restart_and_follow(unit, budget_s):
+        seen["holder"] = locking.holder(tmp_path)
+        with pytest.raises(click.ClickException, match="rollout r1"), locking.engine_lock(tmp_path, "opsctl restart"):
+            pass
+        return {"ok": True, "seconds": 1.0, "why": "healthy"}, 0
+    monkeypatch.setattr(node, "restart_and_follow", restart_and_follow)
+    assert node.start("sglang.service", 60, str(tmp_path), 0, "rollout r1") == ({"ok": True, "seconds": 1.0,
+                                                                                 "why": "healthy"}, 0)
+    assert seen["holder"].startswith(f"rollout r1 (pid {os.getpid()}, since ")
+    assert locking.holder(tmp_path) is None
+    with locking.engine_lock(tmp_path, "opsctl restart"):  # free again
+        pass
+
+
+def test_the_rollout_waits_for_a_change_in_flight_then_gives_up(tmp_path, monkeypatch):
+    """A guard remediation (or an operator's restart) holds the lock: the rollout waits for it, and
+    restarts nothing when it does not end in time, naming it."""
+    from opsctl import locking
+    node = rollout_node()
+    restarted = []
+    monkeypatch.setattr(node, "restart_and_follow", lambda unit, budget_s: restarted.append(unit))
+    with locking.engine_lock(tmp_path, "guard: oom remediation"):
+        started = time.monotonic()
+        result, status = node.start("sglang.service", 60, str(tmp_path), 1.5, "rollout r1")
+    assert time.monotonic() - started >= 1.5
+    assert status == 1 and not restarted and not result["ok"]
+    assert "another engine change is in progress (guard: oom remediation (pid" in result["why"]
+    assert "nothing was restarted" in result["why"]
