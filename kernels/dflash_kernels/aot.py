@@ -51,8 +51,11 @@ KV_POOL_TYPES = {"": "*bf16", "_fp8e4m3": "*fp8e4nv", "_fp8e5m2": "*fp8e5"}
 
 # kv_indices types the split kernel is built for: name suffix -> Triton's pointer type
 INDEX_TYPES = {"": "*i32", "_i64": "*i64"}
-# the plugin's draft-block mask kernel (DFlash's chains: no custom mask)
-_DRAFT_MASK_SIG = {"qo_indptr": "*i32", "out": "*i32", "batch": "i32"}
+# the plugin's draft-block mask kernels: DFlash's chains (no custom mask), DDTree's trees
+# (SGLang's custom mask, bytes); neither specialises on alignment, so no divisibility is assumed
+_CHAIN_MASK_SIG = {"qo_indptr": "*i32", "out": "*i32", "batch": "i32"}
+_TREE_MASK_SIG = {"custom_mask": "*u8", "mask_indptr": "*i64", "qo_indptr": "*i32", "kv_indptr": "*i32",
+                  "out": "*i32", "batch": "i32"}
 
 
 def pool_types(arch: int) -> dict[str, str]:
@@ -71,7 +74,7 @@ _MERGE_SIG = {
 # are not vectorised and it is not the code that runs.
 _DIV16 = {"Q", "K_EXT", "KV", "KV_INDICES", "KV_INDPTR", "QO_INDPTR", "TREE_MASK", "PLAN", "PART_O",
           "PART_LSE", "OUT", "LSE", "stride_qt", "stride_qh", "stride_kext", "stride_kv",
-          "stride_ot", "stride_oh", "qo_indptr", "out"}
+          "stride_ot", "stride_oh"}
 
 
 # kernels that depend on the batch bucket alone (built once per bucket, not per head count)
@@ -104,14 +107,17 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
 
 
 def _draft_mask_specs(bs_pad: int):
-    """The draft-block mask kernel for one batch bucket: each word count and causal or not
-    (compiled with Triton's default launch options, as the plugin launches it)."""
+    """The draft-block mask kernels for one batch bucket: each word count, the chain's causal or
+    not, and the tree's (compiled with Triton's default launch options, as the plugin launches
+    them)."""
     specs = []
     for words in _draft_mask.PREBUILT_WORDS:
         for causal in (False, True):
             const = _draft_mask.chain_mask_constexprs(bs_pad, 32 * words, causal)
             name = f"draft_mask_w{words}" + ("_causal" if causal else "")
-            specs.append((name, _draft_mask.chain_mask_kernel, _DRAFT_MASK_SIG, const, {}))
+            specs.append((name, _draft_mask.chain_mask_kernel, _CHAIN_MASK_SIG, const, {}))
+        const = _draft_mask.tree_mask_constexprs(bs_pad, 32 * words)
+        specs.append((f"draft_mask_w{words}_tree", _draft_mask.tree_mask_kernel, _TREE_MASK_SIG, const, {}))
     return specs
 
 
@@ -136,7 +142,9 @@ def compile_one(fn, signature, constexprs, arch: int, options: dict):
     sig = dict(signature)
     for k in constexprs:
         sig[k] = "constexpr"
-    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in signature if k in _DIV16}
+    # (a pointer the JIT does not specialise on alignment still carries an empty entry in its key)
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] if k in _DIV16 else []
+             for k, kind in signature.items() if k in _DIV16 or kind.startswith("*")}
     src_cls = ASTSource
     if getattr(fn, "is_gluon", lambda: False)():
         from triton.experimental.gluon._runtime import GluonASTSource

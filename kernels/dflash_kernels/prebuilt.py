@@ -72,7 +72,8 @@ def _jit_kernels(arch: int) -> list:
     """The JIT functions the launcher calls for `arch`, for every pool it takes."""
     splits = {va.split_kernel(va.config_for_arch(arch // 10, arch % 10, kv), heads=8, fp8_pool=kv != torch.bfloat16)[0]
               for kv in _pool_dtypes(arch)}
-    return [va._verify_plan_kernel, _draft_mask.chain_mask_kernel, *splits, va._verify_merge_kernel]
+    return [va._verify_plan_kernel, _draft_mask.chain_mask_kernel, _draft_mask.tree_mask_kernel, *splits,
+            va._verify_merge_kernel]
 
 
 @contextlib.contextmanager
@@ -111,13 +112,29 @@ def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
         triton_compiler.max_shared_mem.cache_clear()
 
 
+# The plugin's draft-block masks: DFlash's chains (causal, or all visible), DDTree's trees
+MASK_KINDS = ("chain", "full", "tree")
+
+
+def plugin_mask(kind: str, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, draft_tokens: int) -> torch.Tensor:
+    """The packed mask the plugin builds for a batch of `kind`, with the plugin's kernels."""
+    n_tok = int(qo_indptr[-1])
+    if kind == "tree":
+        batch = qo_indptr.shape[0] - 1
+        size = draft_tokens * (draft_tokens + 1)  # each request's t x (L + t) block, with L = 1
+        custom = torch.ones(batch * size, dtype=torch.bool, device=qo_indptr.device)
+        mask_indptr = torch.arange(0, (batch + 1) * size, size, dtype=torch.int64, device=qo_indptr.device)
+        return _draft_mask.tree_mask(custom, mask_indptr, qo_indptr, kv_indptr, n_tok, draft_tokens)
+    return _draft_mask.chain_mask(qo_indptr, n_tok, draft_tokens, causal=kind == "chain")
+
+
 def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, with_lse: bool,
                        kv_dtype: torch.dtype = torch.bfloat16, index_dtype: torch.dtype = torch.int64,
-                       device: str = "cpu") -> None:
+                       mask_kind: str = "tree", device: str = "cpu") -> None:
     """One verify call as SGLang's plugin makes it: int32 indptrs, kv_indices of index_dtype
     (SGLang's Triton backend passes int64), bf16 draft latents, a pool of kv_dtype with scales
-    when it is fp8, a chain's draft-block mask from the plugin's mask kernel (causal when there is
-    an LSE output, so both kinds are checked), and the config the launcher picks for `arch`."""
+    when it is fp8, the draft-block mask of mask_kind from the plugin's mask kernels, and the
+    config the launcher picks for `arch`."""
     scale = 1.0 if kv_dtype == torch.bfloat16 else 0.5
     cfg = va.config_for_arch(arch // 10, arch % 10, kv_dtype)
     n_tok = batch * draft_tokens
@@ -125,7 +142,7 @@ def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, wit
     pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device).to(kv_dtype)
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device=device)
     qo_indptr = torch.arange(0, n_tok + 1, draft_tokens, dtype=torch.int32, device=device)
-    mask = _draft_mask.chain_mask(qo_indptr, n_tok, draft_tokens, causal=with_lse)
+    mask = plugin_mask(mask_kind, qo_indptr, indptr, draft_tokens)
     lse = torch.zeros(n_tok, heads, dtype=torch.float32, device=device) if with_lse else None
     va.verify_attention(q, torch.zeros(n_tok, va.D_LATENT, dtype=torch.bfloat16, device=device), pool,
                         torch.zeros(batch, dtype=index_dtype, device=device), indptr, qo_indptr, mask, 0.07,
@@ -133,17 +150,17 @@ def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, wit
 
 
 def check_cases(heads=(8, 16), batches=CHECK_BATCHES, draft_tokens=(16, 64), kv_dtypes=va.KV_DTYPES,
-                index_dtypes=(torch.int64, torch.int32)):
-    return [(h, b, t, lse, kv, idx) for h in heads for b in batches for t in draft_tokens for lse in (False, True)
-            for kv in kv_dtypes for idx in index_dtypes]
+                index_dtypes=(torch.int64, torch.int32), mask_kinds=MASK_KINDS):
+    return [(h, b, t, lse, kv, idx, mask) for h in heads for b in batches for t in draft_tokens
+            for lse in (False, True) for kv in kv_dtypes for idx in index_dtypes for mask in mask_kinds]
 
 
 def _misses(arch: int, case: tuple, events: list[tuple[str, bool]]) -> list[str]:
-    h, batch, t, with_lse, kv_dtype, index_dtype = case
+    h, batch, t, with_lse, kv_dtype, index_dtype, mask = case
     pool = str(kv_dtype).removeprefix("torch.")
     indices = str(index_dtype).removeprefix("torch.")
-    return [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse}, pool={pool}, kv_indices={indices})"
-            for name, hit in events if not hit]
+    return [f"sm_{arch} {name} (h={h}, batch={batch}, t={t}, lse={with_lse}, pool={pool}, kv_indices={indices}, "
+            f"mask={mask})" for name, hit in events if not hit]
 
 
 def _pool_dtypes(arch: int) -> tuple:

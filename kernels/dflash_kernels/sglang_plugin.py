@@ -35,8 +35,8 @@ import sysconfig
 # there); this module is their public face
 from dflash_kernels_startup import ENV, TARGET_MODULE, enabled, install, uninstall_hook
 
-__all__ = ["ENV", "TARGET_MODULE", "MlaVerify", "chain_or_full_mask", "enabled", "install", "patch_backend_class",
-           "uninstall_hook", "write_pth"]
+__all__ = ["ENV", "TARGET_MODULE", "MlaVerify", "chain_or_full_mask", "enabled", "install", "packed_custom_mask",
+           "patch_backend_class", "uninstall_hook", "write_pth"]
 
 PTH_NAME = "dflash_kernels_sglang.pth"
 
@@ -157,7 +157,7 @@ class MlaVerify:
         if kv_indptr.dtype != torch.int32:
             kv_indptr = kv_indptr.to(torch.int32)
         if custom_mask is not None:
-            tree = va.pack_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, max_q_len, num_tokens=n_tok)
+            tree = packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len)
         else:
             tree = chain_or_full_mask(qo_indptr, n_tok, max_q_len, causal)
         cfg, ns, mq = va.plan(q, batch, max_q_len, kv_dtype=k_buffer.dtype)
@@ -166,6 +166,16 @@ class MlaVerify:
         va.verify_attention(q, k.reshape(n_tok, 576), k_buffer, kv_indices, kv_indptr, qo_indptr, tree,
                             float(scale), out=o.view(n_tok, h, 512), workspace=ws, max_q_len=mq,
                             num_splits=ns, config=cfg, k_scale=k_scale, v_scale=v_scale)
+
+
+def packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens: int, max_q_len: int):
+    """SGLang's custom mask (DDTree's trees) packed for the kernel: on a GPU by one small kernel
+    (every layer of every verify step packs it), elsewhere by `pack_custom_mask`'s torch ops."""
+    if not qo_indptr.is_cuda:
+        from .verify_attention import pack_custom_mask
+        return pack_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, max_q_len, num_tokens=num_tokens)
+    from ._draft_mask import tree_mask
+    return tree_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens, max_q_len)
 
 
 def chain_or_full_mask(qo_indptr, num_tokens: int, max_q_len: int, causal: bool):

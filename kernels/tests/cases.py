@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 import os
 import sys
@@ -71,6 +72,17 @@ def sglang_custom_mask(case):
         parts.append(full.reshape(-1))
         ptr.append(ptr[-1] + t * (L + t))
     return torch.cat(parts), torch.tensor(ptr, dtype=torch.int64, device=case["q"].device)
+
+
+def random_custom_mask(qo_indptr, kv_indptr):
+    """A flat bool mask in SGLang's layout (per request t x (L + t), row-major) with random bits
+    everywhere, the prefix columns too (the kernels read only the draft columns), and its int64
+    mask_indptr."""
+    qo = qo_indptr.tolist()
+    kv = kv_indptr.tolist()
+    sizes = [(qo[b + 1] - qo[b]) * (kv[b + 1] - kv[b] + qo[b + 1] - qo[b]) for b in range(len(qo) - 1)]
+    mask = torch.rand(sum(sizes), device=qo_indptr.device) < 0.5
+    return mask, torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int64, device=qo_indptr.device)
 
 
 def peer_dir() -> str | None:

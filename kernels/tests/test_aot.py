@@ -25,8 +25,8 @@ SMEM_LIMITS = {120: SM120_SMEM_LIMIT, 90: SM90_SMEM_LIMIT}
 MERGE_NAMES = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in MERGE_TILES}
 # the split kernel for each pool dtype (bf16, fp8 e4m3, fp8 e5m2) and kv_indices dtype (int32, int64)
 SPLIT_NAMES = {"verify_split" + suffix + idx for suffix in aot.KV_POOL_TYPES for idx in aot.INDEX_TYPES}
-# the plugin's draft-block mask kernel (1 and 2 words, causal or not), per batch bucket
-MASK_NAMES = {f"draft_mask_w{w}{c}" for w in (1, 2) for c in ("", "_causal")}
+# the plugin's draft-block mask kernels (1 and 2 words; chains causal or not, trees), per batch bucket
+MASK_NAMES = {f"draft_mask_w{w}{kind}" for w in (1, 2) for kind in ("", "_causal", "_tree")}
 # (mbarrier instructions, SYNCS.*, are sm_90's and sm_120's: the two-team kernel waits on them)
 HOPPER_ONLY = re.compile(r"\b(HGMMA|WGMMA|UTMALDG|UTMASTG|UTMAPF|UBLKCP)\b")
 
@@ -67,7 +67,8 @@ def test_manifest(built):
         assert {tiles[arch, name] for name in {"verify_plan"} | SPLIT_NAMES} == {va.CONFIGS[key].block_n}
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
-        assert k["symbol"].startswith("chain_mask_kernel" if k["name"] in MASK_NAMES else "_verify_")
+        assert k["symbol"].startswith(("chain_mask_kernel", "tree_mask_kernel") if k["name"] in MASK_NAMES
+                                      else "_verify_")
 
 
 def test_sm120_cubin_is_sm120_mma_sync_only(built):
@@ -127,8 +128,8 @@ def _aot_check(tmp_path, *args):
 def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
     """The image fills a Triton cache with the AOT build and points TRITON_CACHE_DIR at it: the
     launcher's calls (SGLang's argument types, batches 1 to 48, t = 16 and 64, with and without
-    LSE, bf16 and fp8 pools, int64 and int32 kv_indices) and the plugin's draft-block mask kernel
-    must find every kernel there, on sm_120 (Triton kernel) and sm_90
+    LSE, bf16 and fp8 pools, int64 and int32 kv_indices, chain and tree masks) and the plugin's
+    draft-block mask kernels must find every kernel there, on sm_120 (Triton kernel) and sm_90
     (Gluon split kernel, for every pool), instead of compiling at first use."""
     r = _aot_check(tmp_path, "--arch", "120", "--arch", "90", "--heads", "8")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -141,10 +142,11 @@ def test_the_check_reports_a_missing_binary(tmp_path):
     r = _aot_check(tmp_path, "--arch", "120", "--heads", "8", "--batch-pad", "2", "--batch-pad", "8",
                    "--batch-pad", "64")
     assert r.returncode == 1
-    assert ("MISS: sm_120 _verify_plan_kernel (h=8, batch=3, t=16, lse=False, pool=bfloat16, kv_indices=int64)"
-            in r.stderr)
-    assert ("MISS: sm_120 chain_mask_kernel (h=8, batch=3, t=64, lse=True, pool=bfloat16, kv_indices=int64)"
-            in r.stderr)
+    case = "(h=8, batch=3, t={}, lse=False, pool=bfloat16, kv_indices=int64, mask={})"
+    assert "MISS: sm_120 tree_mask_kernel " + case.format(16, "tree") in r.stderr
+    assert "MISS: sm_120 _verify_plan_kernel " + case.format(16, "chain") in r.stderr
+    assert "MISS: sm_120 chain_mask_kernel " + case.format(16, "chain") in r.stderr
+    assert "MISS: sm_120 chain_mask_kernel " + case.format(64, "full") in r.stderr
 
 
 def _assert_wgmma_stays_async(ptx, tmp_path):

@@ -55,6 +55,16 @@ def test_kernels_match_reference(spec):
     assert r["lse_err"] < 2e-3, r
 
 
+def test_mask_kernels_match_their_torch_ops():
+    """The plugin's chain and tree mask kernels against the torch ops they replace: draft blocks
+    across the 32-bit word boundary, empty and long prefixes, random bits in the prefix columns."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "interp_masks.py")], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["4"]
+
+
 @pytest.mark.skipif(peer_dir() is None, reason="SGLang peer kernels not fetched (fetch_peer.sh)")
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "float8_e4m3fn"])
 def test_pool_scales_mean_what_sglang_means(kv_dtype):

@@ -292,6 +292,22 @@ def test_draft_mask_kernel_matches_the_torch_mask():
             assert torch.equal(got, chain_or_full_mask_torch(qo, int(qo[-1]), max(lengths), causal)), (lengths, causal)
 
 
+def test_tree_mask_kernel_matches_pack_custom_mask():
+    """The plugin's one-kernel packing of SGLang's custom mask (DDTree's trees) against
+    pack_custom_mask's torch ops: random bits in every column (only the draft ones may be read),
+    draft blocks across the 32-bit word boundary, prefixes up to 200k, batches up to 48."""
+    from cases import random_custom_mask
+    from dflash_kernels.sglang_plugin import packed_custom_mask
+    for lengths, prefixes in (([16], [0]), ([16], [200_000]), ([1, 16, 3], [5, 0, 70_000]),
+                              ([64, 33, 1, 40], [7, 1000, 0, 31]), ([5] * 48, list(range(0, 4800, 100)))):
+        qo = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        kv = torch.tensor([0, *torch.tensor(prefixes).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        custom, mask_indptr = random_custom_mask(qo, kv)
+        n_tok, mq = int(qo[-1]), max(lengths)
+        got = packed_custom_mask(custom, mask_indptr, qo, kv, n_tok, mq)
+        assert torch.equal(got, va.pack_custom_mask(custom, mask_indptr, qo, kv, mq, num_tokens=n_tok)), lengths
+
+
 def _backend_call(case, custom_mask, causal, mask_indptr, t):
     """The verify fast path's arguments as SGLang's backend passes them (pool as (pool, 1, 576)
     with V a view of it; o, the fourth, is None here for the caller to fill in)."""
