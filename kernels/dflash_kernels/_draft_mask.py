@@ -11,9 +11,15 @@ a step on the H200, as one kernel 60-100 us (RESULTS.md, session 15). Two kernel
 Neither specialises on its pointers' alignment (byte gathers gain nothing from it), so one
 prebuilt binary serves any tensor SGLang passes.
 """
-import torch
+from __future__ import annotations
+
 import triton
 import triton.language as tl
+
+try:
+    import torch
+except ImportError:  # the ahead-of-time build (aot.py) needs only the kernels and constexprs
+    torch = None
 
 # Mask words (32 draft columns each) the ahead-of-time build compiles the kernel for: draft blocks
 # of up to 64 tokens; a longer block compiles at first use.
