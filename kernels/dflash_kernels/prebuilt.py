@@ -10,14 +10,23 @@ reports the target's architecture, "launches" nothing, and Triton's compilation 
 every kernel whether it came from the cache.
 
     python -m dflash_kernels.aot --arch 120 --out DIR --triton-cache CACHE --check
+    TRITON_CACHE_DIR=CACHE python -m dflash_kernels.prebuilt --arch 120 --arch 90   # the same check
+    TRITON_CACHE_DIR=CACHE python -m dflash_kernels.prebuilt                        # on a GPU, launching
+
+The second form is what the production image runs in its runtime stage, with the runtime's own
+Triton (SGLang's): a Triton whose cache keys differ from the build stage's, or whose Gluon does
+not compile these kernels, fails the build there instead of compiling at a server's first verify.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
+import sys
 from collections.abc import Iterator
 
 import torch
+import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import compiler as triton_compiler
@@ -193,9 +202,37 @@ def gpu_cache_misses(heads=(8, 16)) -> tuple[int, list[str]]:
     return len(events), misses
 
 
-if __name__ == "__main__":  # on a GPU machine: TRITON_CACHE_DIR=CACHE python -m dflash_kernels.prebuilt
-    loaded, missed = gpu_cache_misses()
+def check_cache(archs, heads=(8, 16)) -> int:
+    """Compile-only: print every launcher call that would not find its prebuilt binary in
+    Triton's cache folder (TRITON_CACHE_DIR); 0 when none, 1 otherwise."""
+    misses = [miss for arch in archs for miss in cache_misses(arch, heads)]
+    for miss in misses:
+        print(f"MISS: {miss}", file=sys.stderr)
+    if misses:
+        print(f"{len(misses)} launcher call(s) would compile at first use instead of loading a prebuilt binary from "
+              f"{knobs.cache.dir}: build the kernels with this Triton ({triton.__version__}; the image's TRITON_SPEC) "
+              f"and this Python", file=sys.stderr)
+        return 1
+    print(f"every launcher call finds its prebuilt binary in {knobs.cache.dir}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, action="append",
+                    help="check compile-only for this architecture (e.g. 120, 90), no GPU needed; "
+                         "without it: launch on this machine's GPU")
+    ap.add_argument("--heads", type=int, action="append", help="query heads per rank (default 8, 16)")
+    a = ap.parse_args(argv)
+    heads = tuple(a.heads or (8, 16))
+    if a.arch:
+        return check_cache(a.arch, heads)
+    loaded, missed = gpu_cache_misses(heads)
     print(f"{loaded} kernel loads, {len(missed)} compiled instead of loaded from the prebuilt cache")
     for miss in missed:
         print("MISS:", miss)
-    raise SystemExit(1 if missed or not loaded else 0)
+    return 1 if missed or not loaded else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

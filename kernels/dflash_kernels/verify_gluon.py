@@ -33,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ._gluon_compat import cta_barrier
 from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 
 
@@ -184,7 +185,7 @@ def _verify_split_kernel_gluon(
         slots_nx = _tile_slots(idx_ptr, n0 + 2 * BLOCK_N, hi, is_draft, BLOCK_N, ROW_G)
         # tile j is in; every warp is past iteration j - 1, so buffer 1 - buf and P are free
         cp.wait_group(0)
-        gl.thread_barrier()
+        cta_barrier()
         fence_async_shared()
         if j + 1 < n_tiles:
             _issue_tile(kn_smem.index(1 - buf), kp_smem.index(1 - buf), slots, k_base, k_stride,
@@ -199,7 +200,7 @@ def _verify_split_kernel_gluon(
                                                   BLOCK_N, COL_S)
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
-        gl.thread_barrier()
+        cta_barrier()
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
@@ -403,11 +404,11 @@ def _fp8_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, KV, stride_kv, lo, hi
         kn_lo.index(buf).store(_widen(s_lo.load(WS_GATHER)))  # (columns 0..255 hold no staged bytes)
         x_hi = s_hi.load(WS_GATHER)
         x_pe = s_pe.load(WS_GATHER)
-        gl.thread_barrier()  # every loader thread has read the staged bytes the stores below overwrite
+        cta_barrier()  # every loader thread has read the staged bytes the stores below overwrite
         kn_hi.index(buf).store(_widen(x_hi))
         kp_s.index(buf).store(_widen(x_pe))
         fence_async_shared()  # the stores, before wgmma reads them (the async proxy)
-        gl.thread_barrier()  # (this partition's warps only)
+        cta_barrier()  # (this partition's warps only)
         mbarrier.arrive(ready.index(buf), count=32 * WS_LOADER_WARPS)  # as many as the bf16 copies' arrives
     cp.wait_group(0)
 
@@ -622,7 +623,7 @@ def _verify_split_kernel_gluon_ws(
     mbarrier.init(p_free, count=1)
     mbarrier.init(q_ready, count=32 * WS_LOADER_WARPS)  # Q's copies, as a tile's
     fence_async_shared()  # (the initialised barriers, before the partitions use them)
-    gl.thread_barrier()
+    cta_barrier()
 
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     if KV_FP8:

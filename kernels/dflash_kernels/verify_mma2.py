@@ -28,6 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from ._gluon_compat import cta_barrier
 from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 from .verify_gluon import _online_softmax_step, _q_row_ptrs, _tile_slots, _widen
 
@@ -66,6 +67,8 @@ FP8_3SH = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
 SP_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
 SP3_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [2, 1, 0]))
 PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 2, 4, [1, 0]))  # P^T: rows of 64 bytes, two a line
+# the epilogue's staging of an O^T block, [rows, 128 columns] fp32 (16-byte pieces swizzled over 8 rows)
+STAGE_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
 A_SH = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
 
@@ -155,7 +158,7 @@ def _q_t(qn_buf, qp_buf):
     buffer the caller copied Q's rows into (_copy_rows, a group committed before tile 0's, which
     stays in flight)."""
     cp.wait_group(1)  # this thread's copies of Q (all groups but the latest, tile 0's)
-    gl.thread_barrier()
+    cta_barrier()
     # (the first iteration's barrier keeps the next copies into this buffer after every load)
     return qn_buf.permute((0, 2, 1)).load(Q3_B), qp_buf.permute((0, 2, 1)).load(Q3_B)
 
@@ -178,7 +181,7 @@ def _attend_tile(kn, kp, sp_smem, pt_smem, a_smem, qt, n0, hi, is_draft, mask_ro
     s3 = mma_v2(_blocks(kn, KN3_SH).load(K3_A), qt_n, gl.zeros([4, BLOCK_N, BLOCK_M], gl.float32, layout=ST3_L))
     s3 = mma_v2(_blocks(kp, KP3_SH).load(K3_A), qt_r, s3)
     _blocks(sp_smem, SP3_SH).store(s3)
-    gl.thread_barrier()
+    cta_barrier()
     s = (_s_of(sp_smem, 0, BLOCK_N) + _s_of(sp_smem, 1, BLOCK_N)) + \
         (_s_of(sp_smem, 2, BLOCK_N) + _s_of(sp_smem, 3, BLOCK_N))
     p, alpha, m_new, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, score_scale, m_i, l_i,
@@ -186,7 +189,7 @@ def _attend_tile(kn, kp, sp_smem, pt_smem, a_smem, qt, n0, hi, is_draft, mask_ro
     # P^T and the rows' rescale factors, for every warp's O^T columns, through shared memory
     pt_smem.permute((1, 0)).store(p.to(gl.bfloat16))
     a_smem.store(alpha)
-    gl.thread_barrier()
+    cta_barrier()
     pt = pt_smem.load(PT_B)
     a = a_smem.load(ROW_O)[None, :]
     # O^T a 128-column block at a time: V^T is the block read transposed, P^T is loaded once
@@ -238,7 +241,7 @@ def _tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base
         # tile j is in; every warp is past iteration j - 1, so the copies' other buffer (or
         # staging slot), K buffer 0 (widened into then) and P^T are free
         cp.wait_group(0)
-        gl.thread_barrier()
+        cta_barrier()
         if j + 1 < n_tiles:
             rows = _row_starts(slots, k_base, k_stride, qo_start, n0 + BLOCK_N, hi, is_draft, BLOCK_N)
             _copy_rows(_blocks(dst_n.index(1 - buf), DST_N), _blocks(dst_r.index(1 - buf), DST_R), rows)
@@ -246,7 +249,7 @@ def _tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base
         if WIDEN:
             _blocks(kn_smem.index(0), KN3_SH).store(_widen(_blocks(dst_n.index(buf), DST_N).load(NOPE_ROWS)))
             _blocks(kp_smem.index(0), KP3_SH).store(_widen(_blocks(dst_r.index(buf), DST_R).load(ROPE_ROWS)))
-            gl.thread_barrier()
+            cta_barrier()
             acc, m_i, l_i = _attend_tile(kn_smem.index(0), kp_smem.index(0), sp_smem, pt_smem, a_smem, qt, n0, hi,
                                          is_draft, mask_row, row_ok, score_scale, m_i, l_i, acc, BLOCK_N, BLOCK_M)
         else:
@@ -257,11 +260,16 @@ def _tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base
 
 
 @gluon.jit
-def _store_block(PART_O, part, rows_ok, acc, o_scale, c0, ST_BL: gl.constexpr):
-    """Output columns c0 .. c0 + 128 of the partial result (acc: that block of O^T)."""
-    o = gl.convert_layout(acc * gl.convert_layout(o_scale, ROW_O)[None, :], ST_BL)
+def _store_block(PART_O, part, rows_ok, acc, o_scale, c0, stage, ST_BL: gl.constexpr):
+    """Output columns c0 .. c0 + 128 of the partial result (acc: that block of O^T), through
+    stage, the partial sums' buffer (free once the tiles are done) held as [columns, rows]. A
+    layout conversion would take a scratch buffer of its own, which Triton 3.8 does not lay over
+    the dead K buffers: 16 KB past the 99 KB of a block (3.6 did)."""
+    stage.store(acc * gl.convert_layout(o_scale, ROW_O)[None, :])
+    cta_barrier()
     cols = c0 + gl.arange(0, 128, layout=gl.SliceLayout(1, ST_BL))
-    gl.store(PART_O + part[None, :] * 512 + cols[:, None], o, mask=rows_ok[None, :])
+    gl.store(PART_O + part[None, :] * 512 + cols[:, None], stage.load(ST_BL), mask=rows_ok[None, :])
+    cta_barrier()
 
 
 @gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
@@ -334,8 +342,10 @@ def _verify_split_kernel_mma2(
     part = pid_s.to(gl.int64) * rows_max + rows_o
     rows_ok = rows_o < n_rows
     acc0, acc1, acc2, acc3 = acc
-    _store_block(PART_O, part, rows_ok, acc0, o_scale, 0, ST_BL)
-    _store_block(PART_O, part, rows_ok, acc1, o_scale, 128, ST_BL)
-    _store_block(PART_O, part, rows_ok, acc2, o_scale, 256, ST_BL)
-    _store_block(PART_O, part, rows_ok, acc3, o_scale, 384, ST_BL)
+    cta_barrier()  # every warp's last reads of the partial sums are done
+    stage = sp_smem._reinterpret(gl.float32, [BLOCK_M, 128], STAGE_SH).permute((1, 0))
+    _store_block(PART_O, part, rows_ok, acc0, o_scale, 0, stage, ST_BL)
+    _store_block(PART_O, part, rows_ok, acc1, o_scale, 128, stage, ST_BL)
+    _store_block(PART_O, part, rows_ok, acc2, o_scale, 256, stage, ST_BL)
+    _store_block(PART_O, part, rows_ok, acc3, o_scale, 384, stage, ST_BL)
     gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + rows_s, lse2, mask=row_ok)

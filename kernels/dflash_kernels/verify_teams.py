@@ -33,9 +33,22 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
 
+from ._gluon_compat import cta_barrier
 from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 from .verify_gluon import _online_softmax_step
-from .verify_mma2 import KN3_SH, KN_SH, KP3_SH, KP_SH, _blocks, _copy_rows, _q_starts, _row_starts, _s_of, _slots
+from .verify_mma2 import (
+    KN3_SH,
+    KN_SH,
+    KP3_SH,
+    KP_SH,
+    STAGE_SH,
+    _blocks,
+    _copy_rows,
+    _q_starts,
+    _row_starts,
+    _s_of,
+    _slots,
+)
 
 TEAM_ROWS = gl.constexpr(16)
 TEAM_WARPS = 4  # the launch's num_warps: team 0, the default partition (team 1 and the loader come on top)
@@ -87,9 +100,9 @@ PT_SH = gl.constexpr(gl.SwizzledSharedLayout(8, 4, 2, [1, 0]))  # P^T: rows of 3
 # the partial output's store: a warp writes 128 consecutive columns of one row
 ST_BL = gl.constexpr(gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1]))
 # ... read from the team's partial-sum buffer held as [rows, columns] (row-major, 16-byte pieces
-# swizzled over 8 rows): the O^T fragments' stores and those row reads meet no bank twice. Held
-# as the partial sums are ([columns, rows]), each row read took 16 wavefronts (ncu, session 13)
-STAGE_SH = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+# swizzled over 8 rows, verify_mma2.py's STAGE_SH): the O^T fragments' stores and those row
+# reads meet no bank twice. Held as the partial sums are ([columns, rows]), each row read took 16
+# wavefronts (ncu, session 13)
 # registers a thread after setmaxnreg (the 12 warps start at 168): team 1 232, the loader's
 # warpgroup (its 2 warps padded to 4) 56, team 0 (the default partition) what is left, 216
 TEAMS_REGS = gl.constexpr(232)
@@ -130,7 +143,10 @@ def _team_rope_view(kp_buf, TEAM: gl.constexpr, ROPE_LINES: gl.constexpr):
     """The team's 16 rows of a K buffer's rope part (Q's) as [4, 16, 16] (a linear layout's view
     is taken of the rows, as Gluon cannot slice it)."""
     if ROPE_LINES:
-        view = _rope_view(kp_buf.slice(TEAM * TEAM_ROWS, TEAM_ROWS), True)
+        # the rows as [teams, rows, 64] (a team's 16 rows keep the 8-row swizzle phases), indexed:
+        # Triton 3.8 reinterprets no row slice of a buffer
+        by_team = kp_buf._reinterpret(kp_buf.dtype, [2, TEAM_ROWS, 64], KPL_SH)
+        view = _rope_view(by_team.index(TEAM), True)
     else:
         view = _rope_view(kp_buf, False).slice(TEAM * TEAM_ROWS, TEAM_ROWS, dim=1)
     return view
@@ -178,11 +194,11 @@ def _summed_scores(sp_smem, s3, SUMS_XOR: gl.constexpr, BLOCK_N: gl.constexpr):
     if SUMS_XOR:
         sp3 = sp_smem._reinterpret(gl.float32, [4, BLOCK_N, TEAM_ROWS], SP_XOR)
         sp3.store(s3)
-        gl.thread_barrier()  # this team's partial sums are in
+        cta_barrier()  # this team's partial sums are in
         s = gl.convert_layout(gl.sum(sp3.permute((0, 2, 1)).load(S4_L), axis=0), S_L)
     else:
         _blocks(sp_smem, SP3_SH).store(s3)
-        gl.thread_barrier()
+        cta_barrier()
         s = (_s_of(sp_smem, 0, BLOCK_N, S_L) + _s_of(sp_smem, 1, BLOCK_N, S_L)) + \
             (_s_of(sp_smem, 2, BLOCK_N, S_L) + _s_of(sp_smem, 3, BLOCK_N, S_L))
     return s
@@ -192,9 +208,9 @@ def _summed_scores(sp_smem, s3, SUMS_XOR: gl.constexpr, BLOCK_N: gl.constexpr):
 def _store_block(stage, o, ptrs, ok):
     """A [128, 16] block of O^T to ptrs, through the team's buffer stage (free on entry)."""
     stage.store(o)
-    gl.thread_barrier()
+    cta_barrier()
     gl.store(ptrs, stage.load(ST_BL), mask=ok)
-    gl.thread_barrier()
+    cta_barrier()
 
 
 @gluon.jit
@@ -212,7 +228,7 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
     qp_view = _team_rope_view(kp_smem.index(1), TEAM, ROPE_LINES)
     qt_n = q_view.permute((0, 2, 1)).load(Q3_B)
     qt_r = qp_view.permute((0, 2, 1)).load(Q3_B)
-    gl.thread_barrier()  # (this team's warps)
+    cta_barrier()  # (this team's warps)
     mbarrier.arrive(q_done)  # K buffer 1 may take tile 1
 
     rows_s = pid_m * 32 + TEAM * TEAM_ROWS + gl.arange(0, TEAM_ROWS, layout=ROW_S)
@@ -238,14 +254,14 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
                                                   BLOCK_N, KEY_S)
         pt_smem.permute((1, 0)).store(p.to(gl.bfloat16))
         a_smem.store(alpha)
-        gl.thread_barrier()
+        cta_barrier()
         pt = pt_smem.load(PT_B)
         a = a_smem.load(ROW_O)[None, :]
         acc0 = mma_v2(kn.slice(0, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc0 * a)
         acc1 = mma_v2(kn.slice(BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc1 * a)
         acc2 = mma_v2(kn.slice(2 * BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc2 * a)
         acc3 = mma_v2(kn.slice(3 * BLOCK_N, BLOCK_N).permute((1, 0)).load(VT_A), pt, acc3 * a)
-        gl.thread_barrier()  # this team's reads of tile j are done
+        cta_barrier()  # this team's reads of tile j are done
         mbarrier.arrive(kfree.index(buf))
 
     # -- partial result of this team's rows: normalised output and log2-sum-exp2 --
@@ -320,7 +336,7 @@ def _verify_split_kernel_teams(
         mbarrier.init(kfree.index(i), count=2)  # both teams
     mbarrier.init(q_ready, count=32 * LOADER_WARPS)
     mbarrier.init(q_done, count=2)
-    gl.thread_barrier()
+    cta_barrier()
 
     part_row0 = pid_s.to(gl.int64) * rows_max
     # (the partitions' arguments written out: a tuple held in a variable turns constexprs into tensors)

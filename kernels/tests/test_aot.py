@@ -134,6 +134,13 @@ def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
     r = _aot_check(tmp_path, "--arch", "120", "--arch", "90", "--heads", "8")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "every launcher call finds its prebuilt binary" in r.stdout
+    # the image's runtime stage checks the copied cache the same way, with the runtime's Triton
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    r = subprocess.run([sys.executable, "-m", "dflash_kernels.prebuilt", "--arch", "120", "--arch", "90", "--heads", "8"],
+                       capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"every launcher call finds its prebuilt binary in {tmp_path / 'cache'}" in r.stdout
 
 
 def test_the_check_reports_a_missing_binary(tmp_path):
@@ -147,6 +154,7 @@ def test_the_check_reports_a_missing_binary(tmp_path):
     assert "MISS: sm_120 _verify_plan_kernel " + case.format(16, "chain") in r.stderr
     assert "MISS: sm_120 chain_mask_kernel " + case.format(16, "chain") in r.stderr
     assert "MISS: sm_120 chain_mask_kernel " + case.format(64, "full") in r.stderr
+    assert "would compile at first use instead of loading a prebuilt binary" in r.stderr
 
 
 def _assert_wgmma_stays_async(ptx, tmp_path):
