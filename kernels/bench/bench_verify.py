@@ -2,7 +2,7 @@
 same inputs, one run, on one GPU.
 
     PEER_DIR=.peer python kernels/bench/bench_verify.py [--sweep] [--quick] [--kv-dtype fp8_e4m3]
-                                                        [--config triton]
+                                                        [--config triton] [--kv-indices int64]
 
 Per point (bs requests, h heads, t draft tokens each, prefix L_b, page_size 1 scattered slots):
   bytes = sum_b (L_b * 576 * s + t * 576 * 2)  each latent row read once, s = 2 (bf16 pool) or
@@ -34,6 +34,8 @@ from cases import SM_SCALE, load_peer, make_case, run_peer  # noqa: E402
 DK, DV = 576, 512
 # --kv-dtype: the pool's torch dtype; an fp8 pool gets scales (SGLang's k/v descale) on both sides
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+# --kv-indices: int32 (the tests' default) or int64 (what SGLang's Triton backend passes)
+INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 FP8_SCALES = dict(k_scale=0.5, v_scale=0.5)
 # --config: the plan's own choice for the card and pool, sm_90's Triton-language config (its
 # fallback without Gluon, and its fp8 path before session 8: one run can set either beside the
@@ -75,7 +77,8 @@ def _scales(kv_dtype):
     return {} if kv_dtype == torch.bfloat16 else FP8_SCALES
 
 
-def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=False, kv_dtype=torch.bfloat16):
+def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=False, kv_dtype=torch.bfloat16,
+              idx_dtype=torch.int32):
     """Median time of one verify call; rotates input sets so small problems do not sit in L2.
     Returns (eager ms, graph ms, splits) and, with merge_only, the eager time of the merge alone;
     with phases, a dict of graph times of the plan and split kernels alone and the merge alone."""
@@ -83,7 +86,7 @@ def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=Fals
     byt, _ = work(lens, t, h, kv_dtype)
     n_sets = sets or max(1, min(8, math.ceil(256e6 / byt)))
     cases = [make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain",
-                       pool_extra=1024, kv_dtype=kv_dtype) for _ in range(n_sets)]
+                       pool_extra=1024, kv_dtype=kv_dtype, idx_dtype=idx_dtype) for _ in range(n_sets)]
     c0 = cases[0]
     scales = _scales(kv_dtype)
     _, ns, _ = va.plan(c0["q"], len(lens), t, None, cfg)
@@ -115,8 +118,9 @@ def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=Fals
     return ms, ms_g, ns
 
 
-def time_peer(peer, lens, t, h, kv_dtype=torch.bfloat16):
-    c = make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024, kv_dtype=kv_dtype)
+def time_peer(peer, lens, t, h, kv_dtype=torch.bfloat16, idx_dtype=torch.int32):
+    c = make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024, kv_dtype=kv_dtype,
+                  idx_dtype=idx_dtype)
     out = torch.empty(c["q"].shape[0], h, DV, dtype=torch.bfloat16, device="cuda")
     scales = _scales(kv_dtype)
     run_peer(peer, c, out, **scales)  # compile
@@ -131,12 +135,15 @@ def main():
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="bf16",
                     help="the pool's dtype (fp8: scaled)")
+    ap.add_argument("--kv-indices", choices=sorted(INDEX_DTYPES), default="int32",
+                    help="kv_indices dtype (SGLang's Triton backend passes int64)")
     ap.add_argument("--config", choices=sorted(CONFIG_CHOICES), default="auto",
                     help="split kernel config for the table (auto: the plan's choice; triton: sm_90's "
                          "Triton-language config, SM90_TRITON, its fallback without Gluon; sm120: "
                          "CONFIGS['sm120']; sm120_triton, sm120_triton_fp8: its fallbacks)")
     a = ap.parse_args()
     kv_dtype = KV_DTYPES[a.kv_dtype]
+    idx_dtype = INDEX_DTYPES[a.kv_indices]
     if a.sweep and kv_dtype != torch.bfloat16:
         ap.error("--sweep times the bf16 configs; leave it out with --kv-dtype fp8_e4m3")
     if a.sweep and a.config != "auto":
@@ -148,7 +155,7 @@ def main():
     head = dict(device=torch.cuda.get_device_name(), sms=props.multi_processor_count,
                 date=datetime.date.today().isoformat(), triton=triton.__version__,
                 torch=torch.__version__, copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12, kv_dtype=a.kv_dtype,
-                config=a.config)
+                kv_indices=a.kv_indices, config=a.config)
     print(json.dumps(head))
     peer = None if a.no_peer else load_peer()
     result = dict(head=head, sweep=[], rows=[])
@@ -191,8 +198,8 @@ def main():
     for lens, t in points:
         h = 8
         cfg = best[t][1] if t in best else CONFIG_CHOICES[a.config]
-        ms, ms_g, ns = time_ours(lens, t, h, cfg, kv_dtype=kv_dtype)
-        pms = time_peer(peer, lens, t, h, kv_dtype) if peer is not None else float("nan")
+        ms, ms_g, ns = time_ours(lens, t, h, cfg, kv_dtype=kv_dtype, idx_dtype=idx_dtype)
+        pms = time_peer(peer, lens, t, h, kv_dtype, idx_dtype) if peer is not None else float("nan")
         byt, fl = work(lens, t, h, kv_dtype)
         floor = max(byt / bw, fl / mm) * 1e3
         r = dict(bs=len(lens), lens=lens, t=t, h=h, splits=ns, ours_us=ms * 1e3,

@@ -41,9 +41,11 @@ from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_sli
 def _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr, ROW_G: gl.constexpr):
     """Pool slots of latent rows n0 .. n0 + BLOCK_N of a prefix slice (rows past hi take the
     slot of row hi - 1; 0 for draft programs). Loaded one tile ahead of the gather that uses
-    them, so their latency is hidden."""
+    them, so their latency is hidden. Narrowed to int32 (a pool has far fewer than 2**31 slots):
+    SGLang's int64 kv_indices would hold twice the registers across the loop, and sm_120's
+    kernels spilled for it."""
     r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), hi - 1)
-    return gl.load(idx_ptr + r, mask=(r >= 0) & (not is_draft), other=0)
+    return gl.load(idx_ptr + r, mask=(r >= 0) & (not is_draft), other=0).to(gl.int32)
 
 
 @gluon.jit

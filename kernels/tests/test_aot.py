@@ -98,6 +98,18 @@ def test_sm120_cubin_is_sm120_mma_sync_only(built):
         assert k["shared_bytes"] <= SMEM_LIMITS[k["arch"]], k
 
 
+def test_split_kernels_do_not_spill(built):
+    """Every split kernel, of each pool and kv_indices dtype, for both archs, keeps its loop state
+    in registers: no stack frame. SGLang passes int64 kv_indices, and sm_120's kernels spilled
+    for them until the slots were narrowed to int32 (_tile_slots)."""
+    out, _ = built
+    for arch in (120, 90):
+        for name in SPLIT_NAMES:
+            cubin = os.path.join(out, f"sm_{arch}", name + "_h8.cubin")
+            usage = subprocess.run([CUOBJDUMP, "-res-usage", cubin], capture_output=True, text=True, check=True)
+            assert re.search(r"STACK:0 .*LOCAL:0", usage.stdout), f"sm_{arch} {name}: {usage.stdout}"
+
+
 def test_sm90_cubin_uses_wgmma(built):
     """The same check finds Hopper instructions where they are expected, so a clean sm_120
     result above means something."""

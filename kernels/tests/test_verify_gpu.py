@@ -69,10 +69,16 @@ def test_paged_pool(page_size):
     _check(case, *_run(case))
 
 
-def test_int64_indices_and_no_lse():
-    case = make_case([9000, 100], [16, 7], 16, mask="tree", idx_dtype=torch.int64)
-    out, _ = _run(case, with_lse=False)
-    _check(case, out, None)
+@pytest.mark.parametrize("config", [None, "sm120"])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_int64_indices_and_no_lse(kv_dtype, config):
+    """SGLang's own index dtype through each arch's kernels (sm_120's narrow the slots to int32
+    in registers): slices ending mid-tile, pool slots above 2**16."""
+    scales = dict(k_scale=0.37, v_scale=1.9) if kv_dtype != torch.bfloat16 else {}
+    case = make_case([9000, 100, 70_001], [16, 7, 16], 16, mask="tree", idx_dtype=torch.int64, kv_dtype=kv_dtype)
+    assert int(case["kv_indices"].max()) > 2**16
+    out, _ = _run(case, with_lse=False, config=config and va.CONFIGS[config], **scales)
+    _check(case, out, None, **scales)
 
 
 def test_unused_pool_slots_hold_nan():
