@@ -82,6 +82,32 @@ def test_kernel_stage_compiles_sm120_and_sm90(context, tmp_path):
     assert in_image and sorted(in_image) == sorted(os.listdir(here))
 
 
+def _dockerfile_triton_spec() -> str:
+    dockerfile = (REPO / "images" / "sglang" / "Dockerfile").read_text()
+    return next(line.split("=", 1)[1] for line in dockerfile.splitlines() if line.startswith("ARG TRITON_SPEC="))
+
+
+def test_kernel_stage_builds_with_sglangs_triton_without_spills(context):
+    """The stage as the production image builds it, with the Dockerfile's own TRITON_SPEC (the
+    Triton SGLang's torch pins, which the tests here do not run): every kernel compiles for both
+    archs, and no split kernel spills (a Triton release can change register allocation)."""
+    spec = _dockerfile_triton_spec()
+    tag = "dflash/sglang-kernel-build:default-triton"
+    _build(context, tag, "--target", "kernel-build", "--build-arg", f"BUILD_IMAGE={BUILD_BASE}")
+    manifest = json.loads(subprocess.run(["docker", "run", "--rm", tag, "cat", "/out/kernels/manifest.json"],
+                                         capture_output=True, text=True, check=True).stdout)
+    assert spec == f"triton=={manifest['triton_version']}"
+    usage = subprocess.run(
+        ["docker", "run", "--rm", tag, "sh", "-c",
+         "for f in /out/kernels/sm_*/verify_split*.cubin; do echo \"$f\"; "
+         "$(/opt/build/bin/python -c 'import triton,os;print(os.path.dirname(triton.__file__))')"
+         "/backends/nvidia/bin/cuobjdump -res-usage $f | grep -o 'STACK:[0-9]*'; done"],
+        capture_output=True, text=True, check=True).stdout.split()
+    stacks = dict(zip(usage[::2], usage[1::2], strict=True))
+    assert len(stacks) == 2 * 2 * 6  # two archs, h = 8 and 16, three pools x two index dtypes
+    assert set(stacks.values()) == {"STACK:0"}, stacks
+
+
 @pytest.mark.image
 def test_full_image_builds_with_sglang_and_the_kernels(context, tmp_path):
     pip_base = tmp_path / "pip-base"
