@@ -41,7 +41,9 @@ if [ ! -e "$stamp" ]; then
     quiet .venv/bin/pip install -q -c constraints.txt -e '.[dev]'
     # The kernel package and its CPU tests (Triton's interpreter). torch 2.13.0 resolves to the CPU
     # build this machine kind keeps on disk; elsewhere add --index-url of PyTorch's CPU wheels.
-    quiet .venv/bin/pip install -q torch==2.13.0 -e 'kernels[dev]'
+    # Triton 3.6.0 is the one the GPU machine runs (kernels/README.md: 3.8.0, SGLang's, is built
+    # in the image test).
+    quiet .venv/bin/pip install -q torch==2.13.0 triton==3.6.0 -e 'kernels[dev]'
     .venv/bin/python -c 'import opsctl, ansible, molecule, testinfra, dflash_kernels' \
         || { say "venv install failed"; exit 1; }
     touch "$stamp"
