@@ -260,16 +260,24 @@ def _tiles(kn_smem, kp_smem, sp_smem, pt_smem, a_smem, q_starts, idx_ptr, k_base
 
 
 @gluon.jit
+def _staged_store(stage, o, ptrs, ok, ST_BL: gl.constexpr):
+    """A block of O^T to ptrs (in ST_BL), through the shared buffer stage (free on entry), so
+    that a warp writes consecutive columns of a row. A layout conversion would take a scratch
+    buffer of its own (Triton 3.8 does not lay it over the dead K buffers: 16 KB past the 99 KB
+    of a block for the 8-warp kernel, 8 KB more a team for the two teams)."""
+    stage.store(o)
+    cta_barrier()
+    gl.store(ptrs, stage.load(ST_BL), mask=ok)
+    cta_barrier()
+
+
+@gluon.jit
 def _store_block(PART_O, part, rows_ok, acc, o_scale, c0, stage, ST_BL: gl.constexpr):
     """Output columns c0 .. c0 + 128 of the partial result (acc: that block of O^T), through
-    stage, the partial sums' buffer (free once the tiles are done) held as [columns, rows]. A
-    layout conversion would take a scratch buffer of its own, which Triton 3.8 does not lay over
-    the dead K buffers: 16 KB past the 99 KB of a block (3.6 did)."""
-    stage.store(acc * gl.convert_layout(o_scale, ROW_O)[None, :])
-    cta_barrier()
+    stage, the partial sums' buffer (free once the tiles are done) held as [columns, rows]."""
+    o = acc * gl.convert_layout(o_scale, ROW_O)[None, :]
     cols = c0 + gl.arange(0, 128, layout=gl.SliceLayout(1, ST_BL))
-    gl.store(PART_O + part[None, :] * 512 + cols[:, None], stage.load(ST_BL), mask=rows_ok[None, :])
-    cta_barrier()
+    _staged_store(stage, o, PART_O + part[None, :] * 512 + cols[:, None], rows_ok[None, :], ST_BL)
 
 
 @gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)

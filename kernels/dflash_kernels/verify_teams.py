@@ -48,6 +48,7 @@ from .verify_mma2 import (
     _row_starts,
     _s_of,
     _slots,
+    _staged_store,
 )
 
 TEAM_ROWS = gl.constexpr(16)
@@ -205,15 +206,6 @@ def _summed_scores(sp_smem, s3, SUMS_XOR: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _store_block(stage, o, ptrs, ok):
-    """A [128, 16] block of O^T to ptrs, through the team's buffer stage (free on entry)."""
-    stage.store(o)
-    cta_barrier()
-    gl.store(ptrs, stage.load(ST_BL), mask=ok)
-    cta_barrier()
-
-
-@gluon.jit
 def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done,
           idx_ptr, qo_start, pid_m, n_rows, lo, hi, is_draft,
           TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
@@ -275,10 +267,10 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
     # each block through the team's partial-sum buffer (the same 8 KB, as [16, 128] floats), as a
     # warp writes 128 consecutive columns of a row: a layout conversion would take 8 KB more a team
     stage = sp_smem._reinterpret(gl.float32, [TEAM_ROWS, 128], STAGE_SH).permute((1, 0))
-    _store_block(stage, acc0 * scale, PART_O + part[None, :] * 512 + cols, ok)
-    _store_block(stage, acc1 * scale, PART_O + part[None, :] * 512 + 128 + cols, ok)
-    _store_block(stage, acc2 * scale, PART_O + part[None, :] * 512 + 256 + cols, ok)
-    _store_block(stage, acc3 * scale, PART_O + part[None, :] * 512 + 384 + cols, ok)
+    _staged_store(stage, acc0 * scale, PART_O + part[None, :] * 512 + cols, ok, ST_BL)
+    _staged_store(stage, acc1 * scale, PART_O + part[None, :] * 512 + 128 + cols, ok, ST_BL)
+    _staged_store(stage, acc2 * scale, PART_O + part[None, :] * 512 + 256 + cols, ok, ST_BL)
+    _staged_store(stage, acc3 * scale, PART_O + part[None, :] * 512 + 384 + cols, ok, ST_BL)
     gl.store(PART_LSE + part_row0 + rows_s, lse2, mask=row_ok)
 
 
