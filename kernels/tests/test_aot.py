@@ -48,6 +48,11 @@ def _sass(path):
     return r.stdout
 
 
+def _res_usage(path):
+    """cuobjdump's resource usage of a cubin (registers, stack frame, local memory)."""
+    return subprocess.run([CUOBJDUMP, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+
+
 def test_manifest(built):
     out, manifest = built
     with open(os.path.join(out, "manifest.json")) as f:
@@ -106,8 +111,8 @@ def test_split_kernels_do_not_spill(built):
     for arch in (120, 90):
         for name in SPLIT_NAMES:
             cubin = os.path.join(out, f"sm_{arch}", name + "_h8.cubin")
-            usage = subprocess.run([CUOBJDUMP, "-res-usage", cubin], capture_output=True, text=True, check=True)
-            assert re.search(r"STACK:0 .*LOCAL:0", usage.stdout), f"sm_{arch} {name}: {usage.stdout}"
+            usage = _res_usage(cubin)
+            assert re.search(r"STACK:0 .*LOCAL:0", usage), f"sm_{arch} {name}: {usage}"
 
 
 def test_sm90_cubin_uses_wgmma(built):
@@ -129,12 +134,18 @@ def test_cli(tmp_path):
     assert {k["name"] for k in m["kernels"]} == {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES
 
 
+def _run_module(module, *args, **env):
+    """`python -m module args` in a clean process (no TRITON_INTERPRET: the JIT's own path), with
+    env added to this one's environment."""
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **env}
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
 def _aot_check(tmp_path, *args):
-    """`aot --triton-cache --check` in a clean process (no TRITON_INTERPRET: the JIT's own path)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "dflash_kernels.aot", "--out", str(tmp_path / "out"),
-                           "--triton-cache", str(tmp_path / "cache"), "--check", *args],
-                          capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    """`aot --triton-cache --check` in a clean process."""
+    return _run_module("dflash_kernels.aot", "--out", str(tmp_path / "out"), "--triton-cache", str(tmp_path / "cache"),
+                       "--check", *args)
 
 
 def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
@@ -147,10 +158,8 @@ def test_the_launchers_calls_find_the_prebuilt_binaries(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "every launcher call finds its prebuilt binary" in r.stdout
     # the image's runtime stage checks the copied cache the same way, with the runtime's Triton
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    r = subprocess.run([sys.executable, "-m", "dflash_kernels.prebuilt", "--arch", "120", "--arch", "90", "--heads", "8"],
-                       capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    r = _run_module("dflash_kernels.prebuilt", "--arch", "120", "--arch", "90", "--heads", "8",
+                    TRITON_CACHE_DIR=str(tmp_path / "cache"))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"every launcher call finds its prebuilt binary in {tmp_path / 'cache'}" in r.stdout
 
@@ -197,7 +206,7 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     cubin = tmp_path / "ws.cubin"
     cubin.write_bytes(k.asm["cubin"])
     sass = _sass(cubin)
-    usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = _res_usage(cubin)
     assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage  # the launch limit, nothing spilled
     ptx = k.asm["ptx"]
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))
@@ -229,7 +238,7 @@ def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
     cubin = tmp_path / "ws_fp8.cubin"
     cubin.write_bytes(k.asm["cubin"])
     sass = _sass(cubin)
-    usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = _res_usage(cubin)
     assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))
     assert {"256", str(vg.WS_V_REGS.value), str(vg.WS_FP8_LOADER_REGS.value)} <= regs, regs
@@ -253,7 +262,7 @@ def test_two_team_kernel_builds_for_sm120(tmp_path):
     assert {str(vt.TEAMS_REGS.value), str(vt.LOADER_REGS.value)} <= regs, regs
     cubin = tmp_path / "teams.cubin"
     cubin.write_bytes(k.asm["cubin"])
-    usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = _res_usage(cubin)
     assert re.search(r"STACK:0 .*LOCAL:0", usage), usage
     sass = _sass(cubin)
     assert "HMMA.16816.F32.BF16" in sass and not HOPPER_ONLY.search(sass)
@@ -356,8 +365,8 @@ def test_teams_layouts_build_alike_for_sm120(tmp_path):
         k = aot.compile_one(fn, aot.split_signature(fn), const, 120, opts)
         cubin = tmp_path / f"teams{int(lines)}{int(xor)}.cubin"
         cubin.write_bytes(k.asm["cubin"])
-        usage = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
-        assert re.search(r"STACK:0 .*LOCAL:0", usage.stdout), usage.stdout
+        usage = _res_usage(cubin)
+        assert re.search(r"STACK:0 .*LOCAL:0", usage), usage
         sass = _sass(cubin)
         ops = [len(re.findall(rf"\b{op}\b", sass)) for op in (r"LDS(\.\w+)?", r"STS(\.\w+)?", r"LDSM\.\S+",
                                                                   r"LDGSTS\.\S+", r"HMMA\.\S+")]
