@@ -22,6 +22,11 @@ which imports ``dflash_kernels_startup`` (standard library only) at interpreter 
 variable set, that installs an import hook that imports this module and patches the backend
 class right after SGLang imports it. Without the variable, the hook is not installed and nothing
 of this module runs.
+
+Before it takes over, each server process checks the kernel on its own card (``selfcheck``: the
+same entry, SGLang's calling convention, every output row against the float32 reference); on a
+failure SGLang's own verify path stays and the log says why. DFLASH_VERIFY_SELFCHECK=0 skips
+the check (not advised on a card the kernel has not run on before).
 """
 from __future__ import annotations
 
@@ -35,10 +40,15 @@ import sysconfig
 # there); this module is their public face
 from dflash_kernels_startup import ENV, TARGET_MODULE, enabled, install, uninstall_hook
 
-__all__ = ["ENV", "TARGET_MODULE", "MlaVerify", "chain_or_full_mask", "enabled", "install", "packed_custom_mask",
-           "patch_backend_class", "uninstall_hook", "write_pth"]
+__all__ = ["ENV", "SELFCHECK_ENV", "TARGET_MODULE", "MlaVerify", "card_verdict", "chain_or_full_mask", "enabled",
+           "install", "packed_custom_mask", "patch_backend_class", "uninstall_hook", "write_pth"]
 
 PTH_NAME = "dflash_kernels_sglang.pth"
+SELFCHECK_ENV = "DFLASH_VERIFY_SELFCHECK"
+OFF_VALUES = ("0", "false", "no", "off")
+# One self-check per process and (device, heads, pool dtype, draft length): SGLang builds several
+# backends in one process (target and draft models, graph runners).
+_CARD_VERDICTS: dict = {}
 
 
 class MlaVerify:
@@ -207,6 +217,32 @@ def chain_or_full_mask_torch(qo_indptr, num_tokens: int, max_q_len: int, causal:
     return _pack_bits(bits)
 
 
+def card_verdict(backend, model_runner):
+    """The on-card self-check (``selfcheck.run``) for this backend's device, heads, pool dtype and
+    draft length; run once per process and key, logged, and cached. None when switched off."""
+    if os.environ.get(SELFCHECK_ENV, "1").strip().lower() in OFF_VALUES:
+        return None
+    import torch
+
+    from . import selfcheck
+    device = torch.device(getattr(backend, "device", None) or "cuda")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    heads = int(backend.num_head)
+    kv_dtype = getattr(model_runner, "kv_cache_dtype", None) or torch.bfloat16
+    draft_len = int(getattr(backend, "num_draft_tokens", None) or 16)
+    key = (str(device), heads, kv_dtype, draft_len)
+    if key not in _CARD_VERDICTS:
+        verdict = _CARD_VERDICTS[key] = selfcheck.run(device, heads, kv_dtype, draft_len)
+        log = logging.getLogger(__name__)
+        if verdict.passed:
+            log.info("%s: %s; it serves target-verify", __name__, verdict.line())
+        else:
+            log.error("%s: %s; SGLang's own verify path serves instead (unset %s to silence this)",
+                      __name__, verdict.line(), ENV)
+    return _CARD_VERDICTS[key]
+
+
 def patch_backend_class(cls) -> bool:
     """Wrap ``cls.__init__`` (SGLang's TritonAttnBackend) so that MLA backends route target-verify
     through ``MlaVerify``. Idempotent. Returns True if it patched now."""
@@ -217,6 +253,15 @@ def patch_backend_class(cls) -> bool:
     def __init__(self, *args, **kwargs):
         orig_init(self, *args, **kwargs)
         if not (enabled() and getattr(self, "use_mla", False)):
+            return
+        try:
+            verdict = card_verdict(self, args[0] if args else kwargs.get("model_runner"))
+        except Exception:  # noqa: BLE001 - no check, no kernel; the server starts on SGLang's path
+            logging.getLogger(__name__).exception("%s: the verify kernel's self-check could not run; SGLang's "
+                                                  "own verify path serves", __name__)
+            return
+        self.dflash_selfcheck = verdict
+        if verdict is not None and not verdict.passed:
             return
         prev = None  # the fast path SGLang itself chose, kept as our fallback
         if getattr(self, "use_verify_shared_kv", False):

@@ -812,6 +812,13 @@ def chain_tree_mask(t: int, device=None) -> torch.Tensor:
     return torch.tril(torch.ones(t, t, dtype=torch.bool, device=device))
 
 
+def random_tree_parents(t: int, gen: torch.Generator) -> torch.Tensor:
+    """A random tree over t draft tokens in topological order (parent index < child index), as
+    DDTree's trees are; for tests and the on-card self-check."""
+    par = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
+    return torch.tensor(par)
+
+
 def tree_mask_from_parents(parents: torch.Tensor) -> torch.Tensor:
     """parents: (t,) int, parents[i] < i the parent of draft token i, -1 for the root(s).
     Returns (t, t) bool: row i sees its ancestors and itself."""

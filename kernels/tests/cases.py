@@ -14,12 +14,6 @@ va = importlib.import_module("dflash_kernels.verify_attention")
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek V3 / Kimi K2: 1/sqrt(128 + 64)
 
 
-def random_parents(t: int, gen: torch.Generator) -> torch.Tensor:
-    """A random tree over t draft tokens in topological order (parent index < child index)."""
-    par = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
-    return torch.tensor(par)
-
-
 def make_case(lens, ts, heads, mask="chain", page_size=1, idx_dtype=torch.int32, device="cuda",
               seed=None, pool_extra=4096, max_q_len=None, kv_dtype=torch.bfloat16):
     """lens: prefix length per request; ts: draft tokens per request. The pool (of kv_dtype)
@@ -48,7 +42,7 @@ def make_case(lens, ts, heads, mask="chain", page_size=1, idx_dtype=torch.int32,
         if mask == "chain":
             blocks.append(va.chain_tree_mask(t))
         else:
-            blocks.append(va.tree_mask_from_parents(random_parents(t, gen)))
+            blocks.append(va.tree_mask_from_parents(va.random_tree_parents(t, gen)))
     mq = max_q_len or max(ts)
     tree = va.pack_tree_masks(blocks, mq)
     d = dict(q=q, k_extend=k_ext, kv_cache=kv, kv_indices=kv_indices, kv_indptr=kv_indptr,

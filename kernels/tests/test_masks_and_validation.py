@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 import torch
-from cases import SM_SCALE, make_case, random_parents, sglang_custom_mask
+from cases import SM_SCALE, make_case, sglang_custom_mask
 
 va = importlib.import_module("dflash_kernels.verify_attention")
 # sm_90's lock-step Gluon kernel (the sweeps' gluon-n64): it reads unscaled bf16 pools only
@@ -45,7 +45,7 @@ def test_tree_from_parents():
     with pytest.raises(ValueError):
         va.tree_mask_from_parents(torch.tensor([-1, 2, 0]))
     gen = torch.Generator().manual_seed(0)
-    par = random_parents(64, gen)
+    par = va.random_tree_parents(64, gen)
     m = va.tree_mask_from_parents(par)
     assert m.diagonal().all() and not torch.triu(m, 1).any()
 

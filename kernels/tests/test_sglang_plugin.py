@@ -85,11 +85,22 @@ def test_fast_path_slot_is_what_the_plugin_sets(backend_source):
     assert "forward_batch.forward_mode.is_target_verify()" in fwd
 
 
+@pytest.fixture(autouse=True)
+def _no_card_check(request, monkeypatch):
+    """The on-card self-check needs a GPU: the dispatch tests run with it switched off (its own
+    tests below, and tests/test_selfcheck.py, take it on)."""
+    if "card_check" not in request.node.name:
+        monkeypatch.setattr(plugin, "card_verdict", lambda backend, model_runner: None)
+
+
 class FakeBackend:
     """Stands in for TritonAttnBackend: the attributes the plugin reads and writes."""
 
-    def __init__(self, use_mla=True, shared=False):
+    def __init__(self, model_runner=None, use_mla=True, shared=False):
         self.use_mla = use_mla
+        self.device = "cpu"
+        self.num_head = 8
+        self.num_draft_tokens = 16
         self.use_verify_splitkv = False
         self.use_verify_shared_kv = shared
         self.verify_shared_kv_fwd = (lambda *a, **k: "sglang's own fast path") if shared else None
@@ -112,6 +123,66 @@ def test_patch_is_opt_in(monkeypatch):
     assert b.use_verify_shared_kv is False
     monkeypatch.setenv(plugin.ENV, "0")
     assert cls().use_verify_shared_kv is False
+
+
+def _verdict(passed, detail=""):
+    from dflash_kernels import selfcheck
+    return selfcheck.SelfCheck(passed=passed, device="NVIDIA RTX PRO 6000 (sm_120)", kernel="_verify_split_kernel_teams",
+                               heads=8, kv_dtype="bf16", worst_row_err=3e-3 if passed else 0.4, seconds=0.2,
+                               detail=detail)
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_card_check_decides_whether_the_kernel_serves(monkeypatch, caplog, passed):
+    """Each server process checks the kernel on its card once (per device, heads, pool dtype and
+    draft length), before it serves: a failed check leaves SGLang's own fast path in place and
+    says so in the log, once, however many backends the process builds."""
+    from dflash_kernels import selfcheck
+    runs = []
+
+    def fake_run(device, heads, kv_dtype, draft_len):
+        runs.append((str(device), heads, kv_dtype, draft_len))
+        return _verdict(passed, "" if passed else "rows differ from the float32 reference")
+    monkeypatch.setattr(selfcheck, "run", fake_run)
+    monkeypatch.setattr(plugin, "_CARD_VERDICTS", {})
+    monkeypatch.setenv(plugin.ENV, "1")
+    monkeypatch.delenv(plugin.SELFCHECK_ENV, raising=False)
+    cls = _fresh_fake()
+    plugin.patch_backend_class(cls)
+    runner = type("ModelRunner", (), {"kv_cache_dtype": torch.float8_e4m3fn})()
+    with caplog.at_level("INFO"):
+        backends = [cls(runner, shared=True), cls(runner, shared=True)]
+    assert runs == [("cpu", 8, torch.float8_e4m3fn, 16)]
+    for b in backends:
+        assert b.dflash_selfcheck.passed is passed
+        if passed:
+            assert isinstance(b.dflash_verify, plugin.MlaVerify) and b.use_verify_shared_kv
+        else:
+            assert not hasattr(b, "dflash_verify") and b.verify_shared_kv_fwd() == "sglang's own fast path"
+    (record,) = [r for r in caplog.records if r.name == plugin.__name__]
+    assert record.levelname == ("INFO" if passed else "ERROR")
+    assert ("passed" if passed else "FAILED") in record.getMessage()
+    assert passed or "SGLang's own verify path serves instead" in record.getMessage()
+
+
+def test_card_check_can_be_switched_off_and_a_check_that_breaks_keeps_sglangs_path(monkeypatch, caplog):
+    from dflash_kernels import selfcheck
+    monkeypatch.setattr(plugin, "_CARD_VERDICTS", {})
+    monkeypatch.setenv(plugin.ENV, "1")
+    cls = _fresh_fake()
+    plugin.patch_backend_class(cls)
+
+    def broken(*args):
+        raise RuntimeError("CUDA error: out of memory")
+    monkeypatch.setattr(selfcheck, "run", broken)
+    monkeypatch.setenv(plugin.SELFCHECK_ENV, "0")
+    b = cls()  # switched off: not run, the kernel serves
+    assert b.dflash_selfcheck is None and isinstance(b.dflash_verify, plugin.MlaVerify)
+    monkeypatch.setenv(plugin.SELFCHECK_ENV, "1")
+    with caplog.at_level("ERROR"):
+        b = cls()
+    assert not hasattr(b, "dflash_verify") and b.use_verify_shared_kv is False
+    assert "could not run" in caplog.text and "out of memory" in caplog.text
 
 
 def _args(**over):

@@ -1,0 +1,121 @@
+"""The on-card self-check (dflash_kernels.selfcheck): that it passes a correct kernel and fails
+the wrong ones it exists to catch. On the CPU through the plugin's real launch path with a torch
+stand-in for the kernel (fast), and with the real kernels through Triton's interpreter; on a
+GPU with every shipped config."""
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from dflash_kernels import selfcheck
+
+va = importlib.import_module("dflash_kernels.verify_attention")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMALL = (0, 37, 300)  # prefixes small enough for the CPU
+
+
+def _unpack_blocks(tree_mask, qo_indptr):
+    """Per-request bool blocks from the packed mask the launcher receives."""
+    qo = qo_indptr.tolist()
+    blocks = []
+    for b in range(len(qo) - 1):
+        t = qo[b + 1] - qo[b]
+        j = torch.arange(t)
+        words = tree_mask[qo[b]:qo[b + 1]].to(torch.int64)
+        blocks.append(((words[:, j // 32] >> (j % 32)) & 1).bool())
+    return blocks
+
+
+def _torch_kernel(mutate=None, use_mask=True, use_k_scale=True):
+    """verify_attention's signature, computed by the float32 reference (so the check must pass it),
+    then changed the way a kernel bug would change it."""
+    def kernel(q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, sm_scale, out=None, k_scale=1.0,
+               v_scale=1.0, **_):
+        blocks = _unpack_blocks(tree_mask, qo_indptr)
+        if not use_mask:
+            blocks = [torch.ones_like(b) for b in blocks]
+        ref, _ = va.reference_verify_attention(q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, blocks, sm_scale,
+                                               k_scale if use_k_scale else 1.0, v_scale)
+        out.copy_(ref.view_as(out))
+        if mutate:
+            mutate(out)
+    return kernel
+
+
+def _row_off_by_5_percent(out):
+    out[20, 3] *= 1.05
+
+
+def _row_unwritten(out):
+    out[33, 0] = float("nan")
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_a_correct_kernel_passes(monkeypatch, kv_dtype):
+    monkeypatch.setattr(va, "verify_attention", _torch_kernel())
+    r = selfcheck.run("cpu", 8, kv_dtype, draft_len=16, prefixes=SMALL)
+    assert r.passed, r.line()
+    assert r.worst_row_err < 5e-3  # bf16 rounding of the output only
+    assert "passed" in r.line() and r.kernel == "_verify_split_kernel"
+
+
+@pytest.mark.parametrize("kernel, kv_dtype, detail", [
+    (_torch_kernel(_row_off_by_5_percent), torch.bfloat16, "rows differ"),
+    (_torch_kernel(_row_unwritten), torch.bfloat16, "unwritten"),
+    (_torch_kernel(use_mask=False), torch.bfloat16, "rows differ"),  # the tree mask ignored
+    (_torch_kernel(use_k_scale=False), torch.float8_e4m3fn, "rows differ"),  # the pool's key scale ignored
+], ids=["one-row-5-percent-off", "one-row-unwritten", "mask-ignored", "k-scale-ignored"])
+def test_a_wrong_kernel_fails(monkeypatch, kernel, kv_dtype, detail):
+    monkeypatch.setattr(va, "verify_attention", kernel)
+    r = selfcheck.run("cpu", 8, kv_dtype, draft_len=16, prefixes=SMALL)
+    assert not r.passed and detail in r.detail, r.line()
+    assert "FAILED" in r.line()
+
+
+def test_a_kernel_that_raises_fails_with_its_error(monkeypatch):
+    def broken(*args, **kw):
+        raise RuntimeError("PTX .version 9.0 does not support .target sm_120a")
+    monkeypatch.setattr(va, "verify_attention", broken)
+    r = selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL)
+    assert not r.passed and r.detail == "RuntimeError: PTX .version 9.0 does not support .target sm_120a"
+
+
+def test_the_real_kernels_pass_in_the_interpreter():
+    """The check around the real kernels (Triton's interpreter, so a fresh process), bf16 and a
+    scaled fp8 pool."""
+    code = ("import sys; sys.path[:0] = sys.argv[1:3]\n"
+            "import interpreter_shim; interpreter_shim.install()\n"
+            "import torch\n"
+            "from dflash_kernels import selfcheck\n"
+            "for dt in (torch.bfloat16, torch.float8_e4m3fn):\n"
+            "    r = selfcheck.run('cpu', 4, dt, draft_len=5, prefixes=(0, 37, 300))\n"
+            "    print(r.passed, r.line())\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code, HERE, os.path.dirname(HERE)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("True ") for line in lines), r.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["device", "sm120"])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("heads", [8, 16])
+def test_every_shipped_kernel_passes_on_the_gpu(monkeypatch, arch, kv_dtype, heads):
+    """On this GPU with its own config, and with sm_120's (its mma.sync code runs on an H200)."""
+    if arch == "sm120":
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        monkeypatch.setattr(va, "_device_info", lambda device: (12, 0, sms))
+    r = selfcheck.run("cuda", heads, kv_dtype)
+    print(r.line())
+    assert r.passed, r.line()
+
+
+@pytest.mark.gpu
+def test_the_command_checks_every_gpu(capsys):
+    assert selfcheck.main(["--all-devices"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("self-check passed") == torch.cuda.device_count()
