@@ -32,6 +32,32 @@ def tail(unit: str, lines: int) -> list[str]:
     return [line for line in result.stdout.splitlines() if not line.startswith("-- ")]
 
 
+def run_start(invocation: str, until: str, max_lines: int = 20_000, timeout_s: float = 10.0) -> list[str]:
+    """The first lines of one run of a unit (systemd's InvocationID), short-iso, up to the first
+    that contains `until` (the engine's ready line) or max_lines: a run's start, however long the
+    run has logged since. [] where there is no journal to read."""
+    if not invocation or shutil.which("journalctl") is None:
+        return []
+    command = ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "short-iso", "--no-pager"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, errors="replace")
+    timer = threading.Timer(timeout_s, process.kill)
+    timer.start()
+    lines: list[str] = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("-- "):
+                continue
+            lines.append(line.rstrip("\n"))
+            if until in line or len(lines) >= max_lines:
+                break
+    finally:
+        timer.cancel()
+        process.kill()
+        process.wait()
+    return lines
+
+
 def excerpt(unit: str, lines: int = 30) -> str | None:
     """The end of the unit's journal as one text, or None where there is none."""
     return "\n".join(tail(unit, lines)) or None

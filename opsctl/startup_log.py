@@ -184,7 +184,36 @@ _POOL_END = re.compile(rf"Memory pool end\. avail mem={_NUM} GB")
 _GRAPH_END = re.compile(rf"Capture .*?cuda graph end\..*?mem usage={_NUM} GB[.,] avail mem={_NUM} GB", re.IGNORECASE)
 _MAX_TOKENS = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), .*?context_len=(\d+)")
 _AVAIL_AT_END = re.compile(rf"available_gpu_mem={_NUM} GB")
-_READY = "The server is fired up and ready to roll!"
+READY_LINE = "The server is fired up and ready to roll!"
+# The verify-kernel plugin's self-check, one line per server process when DFLASH_VERIFY_KERNEL is
+# on (kernels/dflash_kernels/selfcheck.py's SelfCheck.line(), logged by sglang_plugin.py).
+_KERNEL_CHECK = re.compile(r"verify kernel self-check (?P<verdict>passed|FAILED) on (?P<device>.+?): (?P<kernel>\w+), "
+                           r"(?P<heads>\d+) heads, (?P<pool>\S+) pool, worst row error (?P<err>\S+) \([^)]*\), "
+                           r"[\d.]+ s(?P<rest>.*)$")
+_KERNEL_CHECK_BROKEN = "the verify kernel's self-check could not run"
+# what the plugin appends after the check's own reason
+_PLUGIN_SUFFIXES = ("it serves target-verify", "SGLang's own verify path serves instead")
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    """One server process's self-check of the verify kernel: passed means the kernel serves there."""
+
+    tp_rank: int | None
+    passed: bool
+    device: str = ""
+    kernel: str = ""
+    detail: str = ""
+
+
+def parse_kernel_check(line: LogLine) -> KernelCheck | None:
+    if _KERNEL_CHECK_BROKEN in line.msg:
+        return KernelCheck(line.tp_rank, False, detail="the check could not run (the traceback follows it in the log)")
+    match = _KERNEL_CHECK.search(line.msg)
+    if match is None:
+        return None
+    reasons = [part for part in match["rest"].split("; ") if part and not part.startswith(_PLUGIN_SUFFIXES)]
+    return KernelCheck(line.tp_rank, match["verdict"] == "passed", match["device"], match["kernel"], "; ".join(reasons))
 
 
 @dataclass
@@ -210,6 +239,7 @@ class StartupFacts:
     context_len: int | None = None
     available_gpu_mem_gib: float | None = None
     ready: bool = False
+    kernel_checks: list[KernelCheck] = field(default_factory=list)
 
     @property
     def sized(self) -> bool:
@@ -273,6 +303,7 @@ class StartupTracker:
                     "Memory pool end",
                     "raph end",
                     "max_total_num_tokens=",
+                    "verify kernel",
                 )
             ):
                 return
@@ -297,8 +328,10 @@ class StartupTracker:
             run.context_len = int(match[3])
             if (avail := _AVAIL_AT_END.search(msg)) is not None:
                 run.available_gpu_mem_gib = float(avail[1])
-        elif _READY in msg:
+        elif READY_LINE in msg:
             run.ready = True
+        elif "verify kernel" in msg and (check := parse_kernel_check(line)) is not None:
+            run.kernel_checks.append(check)
 
 
 def parse_startups(lines: Iterable[str]) -> list[StartupFacts]:

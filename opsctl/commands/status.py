@@ -3,7 +3,7 @@
 Exit codes follow the Nagios convention, so monitoring can run it as a check:
 0 OK (active, healthy, a real generate answers), 1 WARNING (serving, but an override drifts
 from Ansible, the KV pool holds less than the context target, or the unit restarted within the
-last hour),
+last hour, or the verify kernel failed its self-check on a GPU at the last start),
 2 CRITICAL (not active, unhealthy, or hung: /health answers but a generate does not),
 3 UNKNOWN (opsctl could not tell: no systemd, unreadable config).
 """
@@ -22,14 +22,16 @@ from rich.table import Table
 from opsctl import journal, oom
 from opsctl.config import load_config
 from opsctl.engine import look
-from opsctl.envfiles import effective_config
+from opsctl.envfiles import effective_config, read_env
 from opsctl.guard.state import summary as guard_summary
 from opsctl.output import console, print_json
+from opsctl.startup_log import READY_LINE, parse_startups
 from opsctl.systemd import unit_state
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 RECENT_RESTART_S = 3600  # a restart by systemd within this is a warning; the count stays in the table
 LEVEL_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+VERIFY_KERNEL_ENV = "DFLASH_VERIFY_KERNEL"  # the SGLang plugin's switch (kernels/README.md)
 
 
 def gpu_summary() -> list[dict[str, Any]] | str:
@@ -132,6 +134,10 @@ def collect(timeout_s: float) -> dict[str, Any]:
         "time": last.time, "kind": last.kind, "classification": last.classification,
         "action": last.recommendation.action if last.recommendation else None}
 
+    verify = verify_kernel_summary(config, unit)
+    if verify["problem"]:
+        problems.append((WARNING, verify["problem"]))
+
     guard = guard_summary(config)
     if guard["problem"]:
         problems.append((WARNING, guard["problem"]))
@@ -163,9 +169,51 @@ def collect(timeout_s: float) -> dict[str, Any]:
         "kv_pool": kv,
         "gpus": gpus,
         "last_incident": last_incident,
+        "verify_kernel": verify,
         "guard": guard,
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     }
+
+
+def verify_kernel_summary(config, unit) -> dict[str, Any]:
+    """Which verify kernel the engine runs: the switch in the env files, and the plugin's
+    self-check of each server process in the current run's start (a failed check means SGLang's
+    own, slower verify path serves on that GPU)."""
+    env = read_env(config.env_file) | read_env(config.override_env_file)
+    switched_on = env.get(VERIFY_KERNEL_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    summary: dict[str, Any] = {"switched_on": switched_on, "checks": [], "problem": None}
+    if not switched_on or unit is None or not unit.invocation:
+        return summary
+    try:
+        start_lines = journal.run_start(unit.invocation, until=READY_LINE)
+    except OSError:
+        start_lines = []
+    starts = parse_startups(start_lines)
+    checks = starts[-1].kernel_checks if starts else []
+    summary["checks"] = [dataclasses.asdict(check) for check in checks]
+    failed = [check for check in checks if not check.passed]
+    if failed:
+        ranks = ", ".join(f"TP{check.tp_rank}" if check.tp_rank is not None else "?" for check in failed)
+        summary["problem"] = (f"the verify kernel failed its self-check on {len(failed)} of {len(checks)} GPU process(es) "
+                              f"({ranks}: {failed[0].detail or 'see the journal'}); SGLang's own, slower verify path "
+                              f"serves there. `journalctl -u {config.unit} | grep self-check` has the details")
+    return summary
+
+
+def _fmt_verify_kernel(verify: dict[str, Any]) -> str:
+    if not verify["switched_on"]:
+        return f"SGLang's own ({VERIFY_KERNEL_ENV} is off)"
+    checks = verify["checks"]
+    if not checks:
+        return (f"{VERIFY_KERNEL_ENV} is on; no self-check in this run's start (not started yet, "
+                "DFLASH_VERIFY_SELFCHECK=0, or a backend other than SGLang's Triton backend)")
+    passed = [check for check in checks if check["passed"]]
+    text = f"dflash kernel on {len(passed)} of {len(checks)} GPU process(es)"
+    if passed:
+        text += f" ({passed[0]['kernel']} on {passed[0]['device']}, self-check passed)"
+    if len(passed) < len(checks):
+        text += f", [red]SGLang's own on {len(checks) - len(passed)} (self-check failed)[/red]"
+    return text
 
 
 def _fmt_probe(probe: dict[str, Any]) -> str:
@@ -214,6 +262,7 @@ def render_human(report: dict[str, Any]) -> None:
         usage = f", {kv['token_usage']:.0%} in use" if "token_usage" in kv else ""
         table.add_row("kv pool", f"{kv['max_total_num_tokens']:,} tokens = {kv['share_of_target']:.1%} "
                                  f"of {kv['context_target']:,}{usage}")
+    table.add_row("verify kernel", _fmt_verify_kernel(report["verify_kernel"]))
     guard = report["guard"]
     table.add_row("guard", guard["state"] + (f": {guard['problem']}" if guard["problem"] else ""))
     gpus = report["gpus"]

@@ -25,6 +25,20 @@ def test_status_healthy(lab_node):
     assert human.returncode == 0 and "195,011 tokens" in human.stdout
 
 
+def test_the_engines_start_is_read_from_its_current_run(lab_node):
+    """status reads the verify kernel's self-check lines from the start of the engine's current
+    run (journald's lines of the unit's InvocationID, up to the ready line), however long the run
+    has logged since."""
+    code = ("from opsctl import journal, systemd; from opsctl.startup_log import READY_LINE; "
+            "run = systemd.unit_state('sglang.service').invocation; "
+            "lines = journal.run_start(run, READY_LINE); print(run); print(len(lines)); print(lines[-1])")
+    result = lab_node.sh(f"/opt/opsctl/venv/bin/python -c \"{code}\"")
+    assert result.returncode == 0, result.stderr
+    run, count, last = result.stdout.splitlines()
+    assert len(run) == 32 and int(count) > 10
+    assert last.endswith("The server is fired up and ready to roll!")
+
+
 def test_status_hung_engine_is_critical(lab_node):
     lab_node.set_faults(hang_health_generate=True)
     try:

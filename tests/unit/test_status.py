@@ -129,3 +129,83 @@ def test_a_restart_long_ago_is_no_warning(monkeypatch, node_config):
         report = status.collect(1.0)
         assert report["level"] == level, report["problems"]
         assert report["unit"]["restarts"] == 2
+
+
+def _plugin_log_lines(monkeypatch, verdicts):
+    """The self-check lines the SGLang plugin itself logs for each TP rank's verdict, as the
+    engine prints them into the journal (SGLang's `[time TPn] ` prefix before the message)."""
+    import logging
+
+    import torch
+    from dflash_kernels import selfcheck, sglang_plugin
+
+    lines = []
+    for rank, (passed, detail) in enumerate(verdicts):
+        verdict = selfcheck.SelfCheck(passed, "NVIDIA RTX PRO 6000 Blackwell Server Edition (sm_120)",
+                                      "_verify_split_kernel_teams", 8, "bf16", 2.6e-3 if passed else float("nan"),
+                                      1.4, detail)
+        monkeypatch.setattr(selfcheck, "run", lambda *args, verdict=verdict: verdict)
+        monkeypatch.setattr(sglang_plugin, "_CARD_VERDICTS", {})
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger(sglang_plugin.__name__)
+        logger.addHandler(handler)
+        level, logger.level = logger.level, logging.INFO  # SGLang logs at INFO
+        try:
+            backend = type("Backend", (), {"device": "cpu", "num_head": 8, "num_draft_tokens": 16})()
+            sglang_plugin.card_verdict(backend, type("Runner", (), {"kv_cache_dtype": torch.bfloat16})())
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        (record,) = records
+        lines.append(f"2026-12-02T07:0{rank}:00+0000 dflash-train sglang[7130]: "
+                     f"[2026-12-02 07:0{rank}:00 TP{rank}] {record.getMessage()}")
+    return lines
+
+
+def _serving_node(monkeypatch, node_config, tmp_path, start_lines):
+    from opsctl import engine
+    from opsctl.systemd import UnitState
+    node_config()
+    (tmp_path / "sglang.env").write_text("SGLANG_MEM_FRACTION_STATIC=0.93\nDFLASH_VERIFY_KERNEL=1\n")
+    up = engine.Probe("http://x/health", True, 200, 3.0)
+    monkeypatch.setattr(status, "look", lambda url, timeout_s, api_key=None: engine.EngineView(up, up, up, up))
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines: [])
+    monkeypatch.setattr(status, "gpu_summary", lambda: "no GPU (nvidia-smi not found)")
+    monkeypatch.setattr(status, "guard_summary", lambda config: {"state": "not installed", "problem": None})
+    monkeypatch.setattr(status, "unit_state", lambda unit: UnitState(
+        unit, "loaded", "active", "running", "success", 0, 1, 0, "enabled", None, "run-7"))
+    asked = []
+    monkeypatch.setattr(status.journal, "run_start",
+                        lambda invocation, until: asked.append((invocation, until)) or start_lines)
+    return asked
+
+
+def test_a_verify_kernel_that_failed_its_self_check_is_a_warning(tmp_path, monkeypatch, node_config):
+    """The plugin keeps SGLang's own verify path on a GPU where the kernel failed its on-card
+    check: the engine serves, slower, and status says where and why."""
+    lines = _plugin_log_lines(monkeypatch, [(True, ""), (False, "rows left unwritten or NaN"), (True, "")])
+    asked = _serving_node(monkeypatch, node_config, tmp_path, lines)
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    report = json.loads(result.output)
+    assert asked == [("run-7", "The server is fired up and ready to roll!")]  # the current run's start
+    assert result.exit_code == 1 and report["level"] == "WARNING"
+    (problem,) = report["problems"]
+    assert "failed its self-check on 1 of 3" in problem and "TP1: rows left unwritten or NaN" in problem
+    assert [c["passed"] for c in report["verify_kernel"]["checks"]] == [True, False, True]
+    human = CliRunner().invoke(cli, ["status"])
+    assert "dflash kernel on 2 of 3" in human.output and "SGLang's own on 1" in human.output
+
+
+def test_a_verify_kernel_that_passed_everywhere_is_ok(tmp_path, monkeypatch, node_config):
+    lines = _plugin_log_lines(monkeypatch, [(True, "")] * 8)
+    _serving_node(monkeypatch, node_config, tmp_path, lines)
+    report = status.collect(1.0)
+    assert report["level"] == "OK", report["problems"]
+    checks = report["verify_kernel"]["checks"]
+    assert len(checks) == 8 and all(c["passed"] and c["kernel"] == "_verify_split_kernel_teams" for c in checks)
+    assert checks[0]["device"] == "NVIDIA RTX PRO 6000 Blackwell Server Edition (sm_120)" and checks[0]["detail"] == ""
+    (tmp_path / "sglang.env").write_text("SGLANG_MEM_FRACTION_STATIC=0.93\n")  # switched off: not looked for
+    report = status.collect(1.0)
+    assert report["verify_kernel"] == {"switched_on": False, "checks": [], "problem": None}
