@@ -88,10 +88,16 @@ def peer_dir() -> str | None:
 
 
 def load_peer():
-    """SGLang's extend_attention_fwd from the peer folder (peer_dir), or None."""
+    """SGLang's extend_attention_fwd: from the peer folder (peer_dir) with its stubs, else from an
+    installed SGLang (the engine image, where bench/bench_verify.py then times the card's own
+    SGLang kernel), else None."""
     peer = peer_dir()
     if peer is None:
-        return None
+        try:
+            from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+        except ImportError:
+            return None
+        return extend_attention_fwd
     if peer not in sys.path:
         sys.path.insert(0, peer)
     import stubs  # noqa: E402  (from the peer folder)

@@ -340,3 +340,17 @@ def test_chain_or_full_mask():
     assert m[:, 0].tolist() == [1, 3, 7, 1, 3]
     m = plugin.chain_or_full_mask(qo, 5, 3, causal=False)
     assert m[:, 0].tolist() == [7, 7, 7, 3, 3]
+
+
+def test_the_benchmark_takes_an_installed_sglangs_kernel_without_the_peer_folder(tmp_path, monkeypatch):
+    """In the engine image there is no peer folder, but SGLang itself: bench_verify.py then times
+    the image's own extend_attention_fwd beside ours."""
+    import types
+
+    import cases
+    monkeypatch.setenv("PEER_DIR", str(tmp_path / "none"))
+    assert cases.load_peer() is None or "sglang" in sys.modules  # nothing installed here
+    fake = types.ModuleType("sglang.kernels.ops.attention.extend_attention")
+    fake.extend_attention_fwd = lambda *args, **kw: None
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    assert cases.load_peer() is fake.extend_attention_fwd
