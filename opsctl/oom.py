@@ -133,6 +133,8 @@ class Incident:
     detail: str = ""
     lines: list[str] = field(default_factory=list)
     recommendation: Recommendation | None = None
+    # the dflash verify kernel served in this engine run (its self-check passed on some rank)
+    verify_kernel: bool = False
 
     def spike_observation(self) -> planner.SpikeObservation | None:
         """What this incident proves about the activation spike (activation/fragmentation OOMs only)."""
@@ -325,6 +327,7 @@ class OomScanner:
         return rec.ident in ("kernel", "systemd") or bool(_SIGQUIT.search(rec.msg))
 
     def _new(self, rec: LogLine, kind: str, classification: str, config: EngineConfig | None, phase: str) -> Incident:
+        run = self.startups.current
         return Incident(
             kind=kind,
             classification=classification,
@@ -335,6 +338,7 @@ class OomScanner:
             config=config,
             phase=phase,
             lines=[rec.raw],
+            verify_kernel=run is not None and any(check.passed for check in run.kernel_checks),
         )
 
     def _emit(self, incident: Incident) -> list[Incident]:
@@ -542,7 +546,14 @@ def rule_recommendation(incident: Incident) -> Recommendation:
             "nccl_error": "a collective failed: check NCCL (NCCL_DEBUG=INFO), P2P/PCIe topology, a peer rank's crash",
             "cuda_error": "a CUDA error: check the driver, the kernels and the GPU's health (Xid in dmesg)",
         }.get(incident.kind, "read the exception: it is not a memory problem")
-        return Recommendation("not a memory problem: leave --mem-fraction-static as it is", notes=[specific])
+        notes = [specific]
+        if incident.verify_kernel or any("dflash_kernels" in line for line in incident.lines):
+            # A fault of a custom kernel is reported at some later CUDA call: the traceback need
+            # not name it. The plugin's switch takes it out of the way at the next start.
+            notes.insert(0, "the dflash verify kernel served in this run: rule it out first with "
+                            "DFLASH_VERIFY_KERNEL=0 (sglang_engine_env, then the playbook; SGLang's own "
+                            "verify kernel serves), and keep this excerpt for the kernel's fix")
+        return Recommendation("not a memory problem: leave --mem-fraction-static as it is", notes=notes)
     return Recommendation("no cause in view: read the journal lines before it", notes=["try --since earlier"])
 
 

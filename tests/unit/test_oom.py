@@ -118,6 +118,26 @@ def test_non_memory_crashes(name, kind, detail):
     assert incident.recommendation.action == "not a memory problem: leave --mem-fraction-static as it is"
 
 
+def test_a_kernel_fault_in_a_run_the_verify_kernel_served_points_at_it_first():
+    """A custom kernel's fault surfaces at a later CUDA call, so the traceback need not name it:
+    in a run where the dflash verify kernel served (its self-check passed), switching it off is
+    the first thing to rule out; in a run without it, the advice is as before."""
+    served = ("[2026-05-27 16:30:00 TP5] dflash_kernels.sglang_plugin: verify kernel self-check passed on NVIDIA "
+              "RTX PRO 6000 Blackwell Server Edition (sm_120): _verify_split_kernel_teams, 8 heads, bf16 pool, "
+              "worst row error 2.6e-03 (bound 2e-02), 1.42 s; it serves target-verify")
+    [incident] = oom.analyze([served, *_lines("illegal_access.log")])
+    assert incident.verify_kernel and incident.classification == oom.NOT_MEMORY
+    assert incident.recommendation.notes[0].startswith("the dflash verify kernel served in this run")
+    assert "DFLASH_VERIFY_KERNEL=0" in incident.recommendation.notes[0]
+    [without] = oom.analyze(_lines("illegal_access.log"))
+    assert not without.verify_kernel
+    assert not any("dflash" in note for note in without.recommendation.notes)
+    failed = served.replace("passed", "FAILED").replace("; it serves target-verify",
+                                                          "; rows differ from the float32 reference")
+    [not_served] = oom.analyze([failed, *_lines("illegal_access.log")])  # SGLang's own kernel served there
+    assert not not_served.verify_kernel
+
+
 def test_other_scheduler_exception_and_lone_sigquit():
     incidents = oom.analyze([
         "[2026-05-01 00:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
