@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from dflash_kernels_startup import ENV
 
 # (the package re-exports the function verify_attention, which hides the module's name)
 va = importlib.import_module(".verify_attention", __package__)
@@ -38,6 +39,10 @@ SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek V3 / Kimi K2
 # An fp8 pool's scales, far from 1 so that a scale applied twice, or not at all, fails.
 FP8_SCALES = (0.37, 1.9)
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+# The check's kernels take milliseconds. One that hangs on a card it never ran on (a barrier
+# protocol the hardware runs differently) cannot be stopped, but the process can say so before
+# its start hangs behind it.
+GPU_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -93,7 +98,22 @@ def row_errors(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return diff / ref.float().norm(dim=-1).clamp_min(1e-30)
 
 
-def _one_run(case, draft_len: int, chains: bool, scales, serve) -> float:
+def wait_for_gpu(device: torch.device, timeout_s: float) -> None:
+    """Wait at most timeout_s for the work queued on the current stream; TimeoutError if the GPU
+    is still on it then."""
+    if device.type != "cuda":
+        return
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + timeout_s
+    while not done.query():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the kernel did not finish within {timeout_s:g} s (it hangs on this card); the GPU "
+                               f"stays busy with it, so this start will hang: restart the engine with {ENV}=0")
+        time.sleep(0.002)
+
+
+def _one_run(case, draft_len: int, chains: bool, scales, serve, timeout_s: float) -> float:
     """Worst row error of one call (DDTree's custom mask, or DFlash's chains: causal, no mask)."""
     n, heads = case["q"].shape[:2]
     kb = case["kv"].reshape(-1, 1, va.D_LATENT)
@@ -101,6 +121,7 @@ def _one_run(case, draft_len: int, chains: bool, scales, serve) -> float:
     mask, mask_indptr = (None, None) if chains else (case["custom_mask"], case["mask_indptr"])
     serve(case["q"], case["k_ext"].reshape(n, 1, va.D_LATENT), out, kb, case["qo_indptr"], case["kv_indptr"],
           case["kv_indices"], mask, chains, mask_indptr, draft_len, SM_SCALE, *scales)
+    wait_for_gpu(out.device, timeout_s)  # before the reference, whose host syncs would wait forever
     blocks = [va.chain_tree_mask(draft_len, case["q"].device) if chains else tree for tree in case["trees"]]
     ref, _ = va.reference_verify_attention(case["q"], case["k_ext"], case["kv"], case["kv_indices"], case["kv_indptr"],
                                            case["qo_indptr"], blocks, SM_SCALE, *scales)
@@ -116,7 +137,7 @@ def _device_name(device: torch.device) -> str:
 
 
 def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefixes=DEFAULT_PREFIXES,
-        seed: int | None = None, serve=None) -> SelfCheck:
+        seed: int | None = None, serve=None, timeout_s: float = GPU_TIMEOUT_S) -> SelfCheck:
     """Run the plugin's path on `device` and compare each output row with the reference. Never
     raises for a kernel failure: the result says what went wrong. `serve` stands in for the
     plugin's launch in tests (default: a fresh MlaVerify's)."""
@@ -130,13 +151,13 @@ def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefix
     serve = serve or MlaVerify()._run
     gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
     start = time.perf_counter()
-    worst, detail, kernel = float("nan"), "", "?"
+    worst, detail, kernel, hung = float("nan"), "", "?", False
     try:
         q_probe = torch.empty(1, heads, va.D_LATENT, device=device, dtype=torch.bfloat16)
         cfg = va.plan(q_probe, len(prefixes), draft_len, kv_dtype=kv_dtype)[0]
         kernel = va.split_kernel(cfg, heads, fp8)[0].__name__
         case = random_case(prefixes, draft_len, heads, kv_dtype, device, gen)
-        worst = max(_one_run(case, draft_len, chains, scales, serve) for chains in (False, True))
+        worst = max(_one_run(case, draft_len, chains, scales, serve, timeout_s) for chains in (False, True))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if math.isnan(worst):
@@ -145,11 +166,13 @@ def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefix
             detail = "rows differ from the float32 reference"
     except Exception as error:  # noqa: BLE001 - any failure is a verdict, not a crash of the server
         detail = f"{type(error).__name__}: {error}"
+        hung = isinstance(error, TimeoutError)
     finally:
         # The check's ~80 MB (its pool and the workspace) go back to the driver: the server runs
         # after its KV pool was sized, in the headroom the operator tuned mem-fraction-static for.
+        # (Not behind a hung kernel: freeing device memory waits for the device.)
         case = serve = None
-        if device.type == "cuda":
+        if device.type == "cuda" and not hung:
             torch.cuda.empty_cache()
     return SelfCheck(passed=not detail, device=_device_name(device), kernel=kernel, heads=heads,
                      kv_dtype=dtype_name, worst_row_err=worst, seconds=time.perf_counter() - start, detail=detail)

@@ -119,3 +119,35 @@ def test_the_command_checks_every_gpu(capsys):
     assert selfcheck.main(["--all-devices"]) == 0
     out = capsys.readouterr().out
     assert out.count("self-check passed") == torch.cuda.device_count()
+
+
+@pytest.mark.gpu
+def test_a_kernel_that_hangs_is_reported_before_the_start_hangs_behind_it():
+    """A kernel that never finishes (a barrier protocol an untried card runs differently) cannot
+    be stopped; the check says so after its time limit instead of waiting with the server's
+    start. Here a kernel that spins for several seconds stands in for it."""
+    import time
+
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def spin(x_ptr, n):
+        x = tl.load(x_ptr)
+        for _ in range(n):  # n is a run-time value: the loop is not folded away
+            x = x * 1.0000001 + 1e-7
+        tl.store(x_ptr, x)
+
+    x = torch.ones(1, device="cuda")
+
+    def hanging_kernel(*args):
+        spin[(1,)](x, 2_000_000_000)
+
+    spin[(1,)](x, 1)  # compiled before the clock starts
+    torch.cuda.synchronize()
+    start = time.monotonic()
+    r = selfcheck.run("cuda", 8, serve=hanging_kernel, timeout_s=1.0)
+    waited = time.monotonic() - start
+    torch.cuda.synchronize()  # (the spin ends on its own)
+    assert not r.passed and r.detail.startswith("TimeoutError: the kernel did not finish within 1 s"), r.line()
+    assert "DFLASH_VERIFY_KERNEL=0" in r.detail and waited < 5, waited
