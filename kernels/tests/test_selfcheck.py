@@ -101,13 +101,15 @@ def test_the_real_kernels_pass_in_the_interpreter():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ["device", "sm120"])
+@pytest.mark.parametrize("arch", ["device", "sm120", "sm120-188"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("heads", [8, 16])
 def test_every_shipped_kernel_passes_on_the_gpu(monkeypatch, arch, kv_dtype, heads):
-    """On this GPU with its own config, and with sm_120's (its mma.sync code runs on an H200)."""
-    if arch == "sm120":
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
+    """On this GPU with its own config, and with sm_120's (its mma.sync code runs on an H200),
+    planned for this GPU's SM count and for the RTX PRO 6000's 188 (more slices, other merge
+    tiles)."""
+    if arch.startswith("sm120"):
+        sms = 188 if arch == "sm120-188" else torch.cuda.get_device_properties(0).multi_processor_count
         monkeypatch.setattr(va, "_device_info", lambda device: (12, 0, sms))
     r = selfcheck.run("cuda", heads, kv_dtype)
     print(r.line())
