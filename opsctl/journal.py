@@ -39,22 +39,22 @@ def run_start(invocation: str, until: str, max_lines: int = 20_000, timeout_s: f
     if not invocation or shutil.which("journalctl") is None:
         return []
     command = ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "short-iso", "--no-pager"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, errors="replace")
-    timer = threading.Timer(timeout_s, process.kill)
-    timer.start()
     lines: list[str] = []
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if line.startswith("-- "):
-                continue
-            lines.append(line.rstrip("\n"))
-            if until in line or len(lines) >= max_lines:
-                break
-    finally:
-        timer.cancel()
-        process.kill()
-        process.wait()
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          errors="replace") as process:  # (closes the pipe and waits on the way out)
+        timer = threading.Timer(timeout_s, process.kill)
+        timer.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                if line.startswith("-- "):
+                    continue
+                lines.append(line.rstrip("\n"))
+                if until in line or len(lines) >= max_lines:
+                    break
+        finally:
+            timer.cancel()
+            process.kill()
     return lines
 
 

@@ -187,7 +187,7 @@ _AVAIL_AT_END = re.compile(rf"available_gpu_mem={_NUM} GB")
 READY_LINE = "The server is fired up and ready to roll!"
 # The verify-kernel plugin's self-check, one line per server process when DFLASH_VERIFY_KERNEL is
 # on (kernels/dflash_kernels/selfcheck.py's SelfCheck.line(), logged by sglang_plugin.py).
-_KERNEL_CHECK = re.compile(r"verify kernel self-check (?P<verdict>passed|FAILED) on (?P<device>.+?): (?P<kernel>\w+), "
+_KERNEL_CHECK = re.compile(r"verify kernel self-check (?P<verdict>passed|FAILED) on (?P<device>.+?): (?P<kernel>[^,]+), "
                            r"(?P<heads>\d+) heads, (?P<pool>\S+) pool, worst row error (?P<err>\S+) \([^)]*\), "
                            r"[\d.]+ s(?P<rest>.*)$")
 _KERNEL_CHECK_BROKEN = "the verify kernel's self-check could not run"

@@ -4,10 +4,10 @@ Why: the kernels are built without a GPU, and a wrong result raises nothing. A v
 with wrong attention accepts or rejects the wrong draft tokens, and the server keeps answering.
 sm_120's code has run only on an H200 so far (RESULTS.md). So when the SGLang plugin is
 switched on, each server process first runs the kernel once on its own card, through the
-plugin's own entry (SGLang's calling convention: a (pool, 1, 576) pool with V a view of it,
-int64 kv_indices, DDTree's flat bool mask and DFlash's causal chains), on small random inputs,
-and compares every output row with the float32 reference. On any failure SGLang's own verify
-path stays in place and the log says why.
+launch a call it serves runs (MlaVerify._run) with SGLang's argument layout (a (pool, 1, 576)
+pool, int64 kv_indices, DDTree's flat bool mask and DFlash's causal chains), on small random
+inputs, and compares every output row with the float32 reference. On any failure SGLang's own
+verify path stays in place and the log says why.
 
 An operator can run the same check by hand on a node, in the engine image:
 
@@ -16,9 +16,11 @@ An operator can run the same check by hand on a node, in the engine image:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -33,8 +35,8 @@ va = importlib.import_module(".verify_attention", __package__)
 # scale or slice moves a row by far more than 2e-2.
 ROW_TOL = 2e-2
 # Prefix lengths of the checked batch: none (the draft block alone, where a wrong mask bit shows
-# most), part of one tile, several tiles, and a prefix cut into several slices.
-DEFAULT_PREFIXES = (0, 37, 3000, 20_000)
+# most), part of one tile, and prefixes cut into many slices (at 132-188 SMs).
+DEFAULT_PREFIXES = (0, 37, 3000, 8000)
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek V3 / Kimi K2
 # An fp8 pool's scales, far from 1 so that a scale applied twice, or not at all, fails.
 FP8_SCALES = (0.37, 1.9)
@@ -43,6 +45,8 @@ KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2"
 # protocol the hardware runs differently) cannot be stopped, but the process can say so before
 # its start hangs behind it.
 GPU_TIMEOUT_S = 30.0
+# The whole check, compiles included (a few kernels, where the image's prebuilt ones do not serve).
+CHECK_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -136,46 +140,67 @@ def _device_name(device: torch.device) -> str:
     return f"{p.name} (sm_{p.major}{p.minor})"
 
 
+def _check(device, heads, kv_dtype, draft_len, prefixes, gen, serve, timeout_s) -> tuple[float, str, str]:
+    """(worst row error, the split kernel's name, why it failed or "") of the check on `device`."""
+    fp8 = kv_dtype != torch.bfloat16
+    scales = FP8_SCALES if fp8 else (1.0, 1.0)
+    q_probe = torch.empty(1, heads, va.D_LATENT, device=device, dtype=torch.bfloat16)
+    cfg = va.plan(q_probe, len(prefixes), draft_len, kv_dtype=kv_dtype)[0]
+    kernel = va.split_kernel(cfg, heads, fp8)[0].__name__
+    case = random_case(prefixes, draft_len, heads, kv_dtype, device, gen)
+    # DDTree's custom mask, then DFlash's chains; a NaN in either fails (max() would drop it)
+    errors = [_one_run(case, draft_len, chains, scales, serve, timeout_s) for chains in (False, True)]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if any(math.isnan(e) for e in errors):
+        return float("nan"), kernel, "rows left unwritten or NaN"
+    worst = max(errors)
+    return worst, kernel, "rows differ from the float32 reference" if worst >= ROW_TOL else ""
+
+
 def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefixes=DEFAULT_PREFIXES,
-        seed: int | None = None, serve=None, timeout_s: float = GPU_TIMEOUT_S) -> SelfCheck:
-    """Run the plugin's path on `device` and compare each output row with the reference. Never
-    raises for a kernel failure: the result says what went wrong. `serve` stands in for the
-    plugin's launch in tests (default: a fresh MlaVerify's)."""
+        seed: int | None = None, serve=None, timeout_s: float = GPU_TIMEOUT_S,
+        check_timeout_s: float = CHECK_TIMEOUT_S) -> SelfCheck:
+    """Run the plugin's launch on `device` and compare each output row with the reference. Never
+    raises and never waits longer than check_timeout_s: the result says what went wrong. `serve`
+    stands in for the plugin's launch in tests (default: a fresh MlaVerify's)."""
     from .sglang_plugin import MlaVerify
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    fp8 = kv_dtype != torch.bfloat16
-    scales = FP8_SCALES if fp8 else (1.0, 1.0)
     dtype_name = next((k for k, v in KV_DTYPES.items() if v == kv_dtype), str(kv_dtype))
-    serve = serve or MlaVerify()._run
     gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
     start = time.perf_counter()
-    worst, detail, kernel, hung = float("nan"), "", "?", False
-    try:
-        q_probe = torch.empty(1, heads, va.D_LATENT, device=device, dtype=torch.bfloat16)
-        cfg = va.plan(q_probe, len(prefixes), draft_len, kv_dtype=kv_dtype)[0]
-        kernel = va.split_kernel(cfg, heads, fp8)[0].__name__
-        case = random_case(prefixes, draft_len, heads, kv_dtype, device, gen)
-        worst = max(_one_run(case, draft_len, chains, scales, serve, timeout_s) for chains in (False, True))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if math.isnan(worst):
-            detail = "rows left unwritten or NaN"
-        elif worst >= ROW_TOL:
-            detail = "rows differ from the float32 reference"
-    except Exception as error:  # noqa: BLE001 - any failure is a verdict, not a crash of the server
-        detail = f"{type(error).__name__}: {error}"
-        hung = isinstance(error, TimeoutError)
-    finally:
-        # The check's ~80 MB (its pool and the workspace) go back to the driver: the server runs
-        # after its KV pool was sized, in the headroom the operator tuned mem-fraction-static for.
-        # (Not behind a hung kernel: freeing device memory waits for the device.)
-        case = serve = None
-        if device.type == "cuda" and not hung:
+    result = {"worst": float("nan"), "kernel": "?", "detail": "", "hung": False}
+
+    def body():
+        try:
+            # Triton launches on the current device: make it this one (--all-devices, and a thread
+            # starts on device 0)
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                result["worst"], result["kernel"], result["detail"] = _check(
+                    device, heads, kv_dtype, draft_len, prefixes, gen, serve or MlaVerify()._run, timeout_s)
+        except Exception as error:  # noqa: BLE001 - any failure is a verdict, not a crash of the server
+            result["detail"] = f"{type(error).__name__}: {error}"
+            result["hung"] = isinstance(error, TimeoutError)
+        # The check's memory (its pool, the workspace and the reference's float32 copies, ~100 MB
+        # at the peak) goes back to the driver: the server runs after its KV pool was sized, in the
+        # headroom the operator tuned mem-fraction-static for. (Not behind a hung kernel: freeing
+        # device memory waits for the device.)
+        if device.type == "cuda" and not result["hung"]:
             torch.cuda.empty_cache()
-    return SelfCheck(passed=not detail, device=_device_name(device), kernel=kernel, heads=heads,
-                     kv_dtype=dtype_name, worst_row_err=worst, seconds=time.perf_counter() - start, detail=detail)
+
+    # In a thread, because a hung kernel can also block a launch (loading a kernel's module may
+    # wait for the device), where no deadline of the check's own would run.
+    worker = threading.Thread(target=body, name="dflash-selfcheck", daemon=True)
+    worker.start()
+    worker.join(check_timeout_s)
+    if worker.is_alive():
+        result["detail"] = (f"TimeoutError: the check did not finish within {check_timeout_s:g} s (a kernel hangs or "
+                            f"blocks on this card), so this start will hang: restart the engine with {ENV}=0")
+    return SelfCheck(passed=not result["detail"], device=_device_name(device), kernel=result["kernel"], heads=heads,
+                     kv_dtype=dtype_name, worst_row_err=result["worst"], seconds=time.perf_counter() - start,
+                     detail=result["detail"])
 
 
 def main(argv=None) -> int:

@@ -219,22 +219,41 @@ def chain_or_full_mask_torch(qo_indptr, num_tokens: int, max_q_len: int, causal:
 
 def card_verdict(backend, model_runner):
     """The on-card self-check (``selfcheck.run``) for this backend's device, heads, pool dtype and
-    draft length; run once per process and key, logged, and cached. None when switched off."""
+    draft length; run once per process and key, logged, and cached (a failure too). None when
+    switched off, or for a pool the kernel does not read (every call then goes to SGLang)."""
     if os.environ.get(SELFCHECK_ENV, "1").strip().lower() in OFF_VALUES:
         return None
+    import importlib
+
     import torch
 
     from . import selfcheck
-    device = torch.device(getattr(backend, "device", None) or "cuda")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    heads = int(backend.num_head)
-    kv_dtype = getattr(model_runner, "kv_cache_dtype", None) or torch.bfloat16
-    draft_len = int(getattr(backend, "num_draft_tokens", None) or 16)
-    key = (str(device), heads, kv_dtype, draft_len)
+    va = importlib.import_module(".verify_attention", __package__)
+    log = logging.getLogger(__name__)
+    try:
+        device = torch.device(getattr(backend, "device", None) or "cuda")
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        heads = int(backend.num_head)
+        kv_dtype = getattr(model_runner, "kv_cache_dtype", None) or torch.bfloat16
+        draft_len = int(getattr(backend, "num_draft_tokens", None) or 16)
+    except Exception as error:  # noqa: BLE001 - a backend unlike 0.5.23's: no check, no kernel
+        key, args = ("unknown backend",), None
+        reason = f"the check could not start: {type(error).__name__}: {error}"
+    else:
+        key, args = (str(device), heads, kv_dtype, draft_len), (device, heads, kv_dtype, draft_len)
+        if kv_dtype not in va.KV_DTYPES:
+            if key not in _CARD_VERDICTS:
+                _CARD_VERDICTS[key] = None
+                log.info("%s: a %s pool is not one the verify kernel reads; SGLang's own verify path serves",
+                         __name__, kv_dtype)
+            return None
     if key not in _CARD_VERDICTS:
-        verdict = _CARD_VERDICTS[key] = selfcheck.run(device, heads, kv_dtype, draft_len)
-        log = logging.getLogger(__name__)
+        if args is None:
+            verdict = selfcheck.SelfCheck(False, "?", "?", 0, "?", float("nan"), 0.0, reason)
+        else:
+            verdict = selfcheck.run(*args)
+        _CARD_VERDICTS[key] = verdict
         if verdict.passed:
             log.info("%s: %s; it serves target-verify", __name__, verdict.line())
         else:

@@ -74,6 +74,37 @@ def test_a_wrong_kernel_fails(monkeypatch, kernel, kv_dtype, detail):
     assert "FAILED" in r.line()
 
 
+def test_nan_in_one_of_the_two_calls_fails(monkeypatch):
+    """The chains' call (the second) leaves a row unwritten, the tree's does not: max() over the
+    two calls' errors would have dropped the NaN."""
+    correct, calls = _torch_kernel(), []
+
+    def kernel(*args, **kw):
+        calls.append(1)
+        correct(*args, **kw)
+        if len(calls) == 2:
+            _row_unwritten(kw["out"])
+    monkeypatch.setattr(va, "verify_attention", kernel)
+    r = selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL)
+    assert len(calls) == 2 and not r.passed and "unwritten" in r.detail, r.line()
+
+
+def test_a_launch_that_blocks_is_reported_within_the_checks_time_limit():
+    """A hung kernel can also block a launch (loading the next kernel's module may wait for the
+    device), where the GPU deadline never runs: the check runs in a thread and gives up on it."""
+    import threading
+    import time
+    release = threading.Event()
+    start = time.monotonic()
+    try:
+        r = selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL, serve=lambda *args: release.wait(60),
+                          check_timeout_s=0.5)
+    finally:
+        release.set()
+    assert time.monotonic() - start < 10
+    assert not r.passed and r.detail.startswith("TimeoutError: the check did not finish within 0.5 s"), r.line()
+
+
 def test_a_kernel_that_raises_fails_with_its_error(monkeypatch):
     def broken(*args, **kw):
         raise RuntimeError("PTX .version 9.0 does not support .target sm_120a")

@@ -165,6 +165,35 @@ def test_card_check_decides_whether_the_kernel_serves(monkeypatch, caplog, passe
     assert passed or "SGLang's own verify path serves instead" in record.getMessage()
 
 
+def test_card_check_of_a_backend_it_cannot_read_fails_once_and_an_unread_pool_is_left_to_sglang(monkeypatch, caplog):
+    from dflash_kernels import selfcheck
+    runs = []
+    monkeypatch.setattr(selfcheck, "run", lambda *args: runs.append(args) or _verdict(True))
+    monkeypatch.setattr(plugin, "_CARD_VERDICTS", {})
+    monkeypatch.setenv(plugin.ENV, "1")
+    class NoHeads(FakeBackend):  # a backend without the attribute 0.5.23's has
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            del self.num_head
+    cls = type("TritonAttnBackend", (NoHeads,), {})
+    plugin.patch_backend_class(cls)
+    with caplog.at_level("INFO"):
+        backends = [cls(), cls()]
+    assert runs == [] and all(not hasattr(b, "dflash_verify") for b in backends)
+    (record,) = [r for r in caplog.records if r.name == plugin.__name__]
+    assert record.levelname == "ERROR" and "the check could not start: AttributeError" in record.getMessage()
+    caplog.clear()
+    monkeypatch.setattr(plugin, "_CARD_VERDICTS", {})
+    cls = _fresh_fake()
+    plugin.patch_backend_class(cls)
+    runner = type("ModelRunner", (), {"kv_cache_dtype": torch.float16})()
+    with caplog.at_level("INFO"):
+        b = cls(runner)
+    # not checked; installed, and every call it gets goes to SGLang (unsupported pools decline)
+    assert runs == [] and b.dflash_selfcheck is None and isinstance(b.dflash_verify, plugin.MlaVerify)
+    assert "is not one the verify kernel reads" in caplog.text
+
+
 def test_card_check_can_be_switched_off_and_a_check_that_breaks_keeps_sglangs_path(monkeypatch, caplog):
     from dflash_kernels import selfcheck
     monkeypatch.setattr(plugin, "_CARD_VERDICTS", {})

@@ -189,7 +189,13 @@ def verify_kernel_summary(config, unit) -> dict[str, Any]:
     except OSError:
         start_lines = []
     starts = parse_startups(start_lines)
-    checks = starts[-1].kernel_checks if starts else []
+    # one verdict a GPU process (a process checks once for each model it builds a backend for):
+    # failed if any of its checks failed
+    by_rank: dict = {}
+    for check in starts[-1].kernel_checks if starts else []:
+        if check.tp_rank not in by_rank or not check.passed:
+            by_rank[check.tp_rank] = check
+    checks = list(by_rank.values())
     summary["checks"] = [dataclasses.asdict(check) for check in checks]
     failed = [check for check in checks if not check.passed]
     if failed:

@@ -209,3 +209,24 @@ def test_a_verify_kernel_that_passed_everywhere_is_ok(tmp_path, monkeypatch, nod
     (tmp_path / "sglang.env").write_text("SGLANG_MEM_FRACTION_STATIC=0.93\n")  # switched off: not looked for
     report = status.collect(1.0)
     assert report["verify_kernel"] == {"switched_on": False, "checks": [], "problem": None}
+
+
+def test_a_gpu_process_counts_once_and_a_check_that_could_not_start_counts_as_failed(tmp_path, monkeypatch,
+                                                                                      node_config):
+    """A process checks once for each model it builds a backend for: TP0's two lines are one GPU,
+    failed if either failed. A check that could not start logs no kernel ("?")."""
+    from dflash_kernels import selfcheck
+    tp0_pass, tp1_fail, tp2_pass = _plugin_log_lines(monkeypatch, [(True, ""), (False, "rows differ"), (True, "")])
+    tp0_fail = tp1_fail.replace(" TP1] ", " TP0] ")
+    could_not_start = selfcheck.SelfCheck(False, "?", "?", 0, "?", float("nan"), 0.0,
+                                          "the check could not start: AttributeError: no num_head").line()
+    tp1_broken = tp1_fail.split(" TP1] ")[0] + " TP1] dflash_kernels.sglang_plugin: " + could_not_start
+    _serving_node(monkeypatch, node_config, tmp_path, [tp0_pass, tp0_fail, tp1_broken, tp2_pass])
+    report = status.collect(1.0)
+    checks = {c["tp_rank"]: c for c in report["verify_kernel"]["checks"]}
+    assert sorted(checks) == [0, 1, 2]
+    assert checks[0]["detail"] == "rows differ" and not checks[0]["passed"]
+    assert checks[1]["kernel"] == "?" and checks[1]["detail"].startswith("the check could not start")
+    assert checks[2]["passed"]
+    (problem,) = report["problems"]
+    assert "failed its self-check on 2 of 3" in problem and "TP0, TP1" in problem
