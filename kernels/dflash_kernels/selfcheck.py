@@ -133,6 +133,14 @@ def _one_run(case, draft_len: int, chains: bool, scales, serve, timeout_s: float
     return float("nan") if torch.isnan(errors).any() else float(errors.max())
 
 
+def resolve_device(device) -> torch.device:
+    """`device` as a torch.device with its index ("cuda" is the current GPU)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _device_name(device: torch.device) -> str:
     if device.type != "cuda":
         return str(device)
@@ -150,8 +158,6 @@ def _check(device, heads, kv_dtype, draft_len, prefixes, gen, serve, timeout_s) 
     case = random_case(prefixes, draft_len, heads, kv_dtype, device, gen)
     # DDTree's custom mask, then DFlash's chains; a NaN in either fails (max() would drop it)
     errors = [_one_run(case, draft_len, chains, scales, serve, timeout_s) for chains in (False, True)]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
     if any(math.isnan(e) for e in errors):
         return float("nan"), kernel, "rows left unwritten or NaN"
     worst = max(errors)
@@ -165,9 +171,7 @@ def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefix
     raises and never waits longer than check_timeout_s: the result says what went wrong. `serve`
     stands in for the plugin's launch in tests (default: a fresh MlaVerify's)."""
     from .sglang_plugin import MlaVerify
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = resolve_device(device)
     dtype_name = next((k for k, v in KV_DTYPES.items() if v == kv_dtype), str(kv_dtype))
     gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
     start = time.perf_counter()

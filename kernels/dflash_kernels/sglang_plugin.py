@@ -231,9 +231,7 @@ def card_verdict(backend, model_runner):
     va = importlib.import_module(".verify_attention", __package__)
     log = logging.getLogger(__name__)
     try:
-        device = torch.device(getattr(backend, "device", None) or "cuda")
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = selfcheck.resolve_device(getattr(backend, "device", None) or "cuda")
         heads = int(backend.num_head)
         kv_dtype = getattr(model_runner, "kv_cache_dtype", None) or torch.bfloat16
         draft_len = int(getattr(backend, "num_draft_tokens", None) or 16)
