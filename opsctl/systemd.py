@@ -7,7 +7,7 @@ import subprocess
 from datetime import datetime, timezone
 
 _PROPERTIES = ["ActiveState", "SubState", "NRestarts", "ActiveEnterTimestamp", "ExecMainStartTimestamp",
-               "MainPID", "ExecMainStatus", "Result", "UnitFileState", "LoadState", "InvocationID"]
+               "MainPID", "ExecMainStatus", "Result", "UnitFileState", "LoadState", "InvocationID", "Job"]
 
 
 @dataclasses.dataclass
@@ -23,6 +23,7 @@ class UnitState:
     enabled: str
     active_since: datetime | None
     invocation: str = ""  # systemd's ID of the unit's current run: a new one each start
+    job: str = ""  # the ID of a job queued or running on the unit (a start, a stop, a restart); "" when none
 
     @property
     def uptime_s(self) -> float | None:
@@ -67,4 +68,5 @@ def unit_state(unit: str) -> UnitState:
         enabled=props.get("UnitFileState", ""),
         active_since=_parse_timestamp(props.get("ActiveEnterTimestamp", "")),
         invocation=props.get("InvocationID", ""),
+        job=props.get("Job", ""),
     )

@@ -261,16 +261,17 @@ def test_a_stale_lock_info_file_names_no_holder(node):
 
 
 def _start_and_wait(monkeypatch, looks, batches=()):
-    """start_and_wait over a unit that shows `looks` ((active, sub, run) each) in turn, while the
-    journal hands over `batches` of (run, line) entries, one batch a pass. Returns the report
-    and how many looks it took."""
+    """start_and_wait over a unit that shows `looks` ((active, sub, run) or (active, sub, run, job)
+    each) in turn, while the journal hands over `batches` of (run, line) entries, one batch a pass.
+    Returns the report and how many looks it took."""
     from opsctl import journal
     from opsctl import restart as restart_module
     from opsctl.config import load_config
     from opsctl.systemd import UnitState
 
-    states = iter([UnitState("sglang.service", "loaded", active, sub, "success", 0, 1, 0, "enabled", None, run)
-                   for active, sub, run in looks])
+    states = iter([UnitState("sglang.service", "loaded", look[0], look[1], "success", 0, 1, 0, "enabled", None,
+                             look[2], look[3] if len(look) > 3 else "")
+                   for look in looks])
     taken = []
     monkeypatch.setattr(restart_module, "unit_state", lambda name: taken.append(next(states)) or taken[-1])
     monkeypatch.setattr(restart_module, "_systemctl", lambda *args: None)
@@ -302,6 +303,40 @@ def test_the_old_run_still_active_is_not_taken_for_a_healthy_start(node, monkeyp
         ("active", "running", "old"), ("deactivating", "stop-sigterm", "old"),
         ("activating", "start-post", "new"), ("active", "running", "new")])
     assert report.ok and looks == 5  # not at the second look, the old run's
+
+
+def test_the_old_run_failing_its_stop_is_not_taken_for_a_failed_start(monkeypatch):
+    """A restart whose stop step fails (`docker stop` of a container already gone) shows the old
+    run "failed" while systemd still holds the job that starts the new run (seen on systemd 252)."""
+    report, looks = _start_and_wait(monkeypatch, [
+        ("activating", "start", "old"),  # read before the restart
+        ("deactivating", "stop", "old", "1212"), ("failed", "failed", "old", "1212"),
+        ("activating", "start", "new", "1212"), ("active", "running", "new")])
+    assert report.ok and looks == 5, report.reason
+
+
+def test_a_failed_unit_with_no_job_left_fails_the_start(monkeypatch):
+    """systemd refused the start (its start limit, a dependency): failed, the old run, no job."""
+    report, looks = _start_and_wait(monkeypatch, [
+        ("failed", "failed", "old"), ("failed", "failed", "old"), ("active", "running", "old")])
+    assert not report.ok and "exited" in report.reason and looks == 2
+
+
+def test_a_new_run_that_died_fails_the_start_before_systemd_retries_it(monkeypatch):
+    """Back in auto-restart with its start job over, the new run died: no waiting for RestartSec."""
+    report, looks = _start_and_wait(monkeypatch, [
+        ("active", "running", "old"), ("activating", "start-post", "new", "1300"),
+        ("activating", "auto-restart", "new"), ("active", "running", "newer")])
+    assert not report.ok and "exited" in report.reason and looks == 3
+
+
+def test_a_run_in_auto_restart_is_waited_on_while_the_restart_job_is_queued(monkeypatch):
+    """A run in auto-restart has died only once no job is queued: here (a systemd with no
+    InvocationIDs, so every look is a "new" run) the queued restart job still starts the engine."""
+    report, looks = _start_and_wait(monkeypatch, [
+        ("activating", "auto-restart", ""), ("activating", "auto-restart", "", "1400"),
+        ("activating", "start", "new", "1400"), ("active", "running", "new")])
+    assert report.ok and looks == 4, report.reason
 
 
 def _start_with_journal(monkeypatch, batches):

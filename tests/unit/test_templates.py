@@ -42,7 +42,7 @@ def test_unit_service_settings():
     assert re.search(r"^Restart=always$", unit, re.M)
     assert re.search(r"^StartLimitBurst=5$", unit, re.M)
     assert re.search(r"^TimeoutStartSec=930$", unit, re.M)  # a 10-minute load fits the 900 s budget
-    assert re.search(r"^ExecStop=/usr/bin/docker stop --time 60 sglang$", unit, re.M)
+    assert re.search(r"^ExecStop=-/usr/bin/docker stop --time 60 sglang$", unit, re.M)
     assert "EnvironmentFile=-/etc/sglang/override.env" in unit
     # The allocator config reaches the container from the unit's environment.
     assert "--env PYTORCH_CUDA_ALLOC_CONF" in unit
