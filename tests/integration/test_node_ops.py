@@ -140,6 +140,28 @@ def test_a_second_restart_is_refused_while_the_first_holds_the_lock(lab_node):
     assert lab_node.status()[0] == 0
 
 
+def test_a_restart_whose_stop_step_fails_follows_the_new_run(lab_node):
+    """When the restart's stop step fails (here an ExecStop that stops the container, then exits
+    1), systemd marks the old run failed, then starts the new one under the same job. The restart
+    must follow that new run, not roll back. (Whether a look lands in the moment the old run shows
+    "failed" cannot be forced here; tests/unit/test_restart_cli.py replays that moment.)"""
+    dropins = "/run/systemd/system/sglang.service.d"
+    dropin = f"{dropins}/stop-fails.conf"
+    text = "[Service]\nExecStop=\nExecStop=/bin/sh -c 'docker stop --time 10 sglang; exit 1'\n"
+    lab_node.sh(f"mkdir -p {dropins} && echo {shlex.quote(text)} > {dropin} && systemctl daemon-reload", check=True)
+    since = lab_node.sh("date +%s", check=True).stdout.strip()
+    try:
+        result = lab_node.opsctl("restart", "--reason", "stop step fails")
+    finally:
+        lab_node.sh(f"rm -f {dropin} && systemctl daemon-reload", check=True)
+    assert result.returncode == 0, result.stderr
+    journal = lab_node.sh(f"journalctl -u sglang.service --since @{since} -o cat --no-pager").stdout
+    assert "Failed with result 'exit-code'" in journal, journal[-2000:]  # the stop step did fail
+    history = [json.loads(line) for line in lab_node.file("/var/lib/opsctl/history.jsonl").splitlines()]
+    assert [(r["event"], r["outcome"]) for r in history[-2:]] == [("restart", "started"), ("restart", "ok")]
+    assert lab_node.status()[0] == 0
+
+
 def test_ansible_reports_an_override_and_keeps_it_unless_told(lab_node):
     assert lab_node.opsctl("restart", "--fraction", "0.92", "--force").returncode == 0
     kept = lab_node.provision()

@@ -1,6 +1,7 @@
 """The guard's loop (`Watcher`) with a fake node, journal and guard: what the scanner knows when
 the guard goes back to watching after a stop."""
 
+import dataclasses
 import threading
 import time
 from datetime import datetime, timezone
@@ -211,6 +212,25 @@ def test_failing_probes_while_the_scheduler_logs_batches_are_not_a_hang(tmp_path
     assert [r["event"] for r in store.records()].count("busy-not-hung") == 1  # said once, not each tick
     loop._tick([], unit, 23.0)  # probes failing for 23 s, no batch for 11 s
     assert [d.cause for d in guard.deaths] == ["hang"]
+
+
+def test_a_failed_old_run_with_a_job_queued_is_not_a_death(tmp_path, monkeypatch):
+    """A `systemctl restart` whose stop step fails (`docker stop` of a container already gone)
+    shows the old run "failed" while systemd holds the job that starts the new run: no death.
+    The same state with no job left is one."""
+    journal = FakeJournal(STARTUP)
+    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
+    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9")
+    node, store = FakeNode(journal), GuardStore(tmp_path)
+    guard = RecordingGuard(store)
+    loop = daemon.Watcher(config, guard=guard, node=node)
+    failed = dataclasses.replace(node.unit(), active_state="failed", sub_state="failed", job="1212")
+    loop._tick([], failed, 1.0)
+    loop._tick([], failed, 1.0 + 2 * daemon.CLASSIFY_GRACE_S)
+    assert guard.deaths == []
+    loop._tick([], dataclasses.replace(failed, job=""), 10.0)
+    loop._tick([], dataclasses.replace(failed, job=""), 10.0 + 2 * daemon.CLASSIFY_GRACE_S)
+    assert len(guard.deaths) == 1
 
 
 def test_the_probes_own_prefills_are_not_work_for_clients():
