@@ -159,19 +159,15 @@ def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallba
             if state.active_state == "active" and new_run:
                 # Active means the ExecStartPost health gate passed.
                 return StartReport(True, "healthy", elapsed, "ready", seen)
-            # A state is final only once systemd holds no job for the unit. The restart job stops
-            # the old run first, and a stop step that fails (`docker stop` of a container that is
-            # already gone, a stop timeout) shows that old run "failed" for a moment, with the job
-            # still queued to start the new one.
-            settled = not state.job
-            if settled and not new_run and state.active_state in ("failed", "inactive"):
+            # (states are judged once no job is queued: see UnitState.settled)
+            if state.settled and not new_run and state.active_state in ("failed", "inactive"):
                 # the job ended without a new run: its start limit, a dependency that failed
                 return StartReport(False, f"systemd did not start the engine (result: {state.result or 'none'}); "
                                    f"see `systemctl status {config.unit}`", elapsed, phase, seen)
-            # A new run back in auto-restart with no job left died before it was healthy;
-            # systemd only retries it after RestartSec.
-            died = state.active_state == "failed" or (new_run and state.sub_state == "auto-restart")
-            if (settled and died) or (baseline is not None and state.restarts > baseline):
+            # A new run that is dead died before it was healthy (systemd only retries it after
+            # RestartSec); an old run in auto-restart is not this start's.
+            died = state.dead and (new_run or state.active_state == "failed")
+            if died or (baseline is not None and state.restarts > baseline):
                 return StartReport(False, f"the engine exited (status {state.exit_status}) while {phase}",
                                    elapsed, phase, seen)
             if elapsed > budget_s:

@@ -26,6 +26,19 @@ class UnitState:
     job: str = ""  # the ID of a job queued or running on the unit (a start, a stop, a restart); "" when none
 
     @property
+    def settled(self) -> bool:
+        """No job is queued or running on the unit, so its state is final. While a restart job
+        runs, a stop step that fails (`docker stop` of a container already gone, a stop timeout)
+        shows the old run "failed" for a moment before the job starts the new run."""
+        return not self.job
+
+    @property
+    def dead(self) -> bool:
+        """The current run died and nothing is starting another yet: waiting for its auto-restart
+        (RestartSec), or failed for good."""
+        return self.settled and (self.sub_state in ("auto-restart", "failed") or self.active_state == "failed")
+
+    @property
     def uptime_s(self) -> float | None:
         if self.active_state != "active" or self.active_since is None:
             return None

@@ -8,7 +8,7 @@ One loop, every `TICK_S`:
    whether the engine is starting or serving.
 2. Journal: feed new lines to the same `OomScanner` `opsctl oom` uses. A fatal line (SGLang's
    "Scheduler hit an exception", the launcher's SIGQUIT line, ...) or a unit that died
-   (auto-restart or failed with no job queued, NRestarts grew) starts a death; it is decided as soon as the scanner
+   (`UnitState.dead`, NRestarts grew) starts a death; it is decided as soon as the scanner
    completes the incident (at the SIGQUIT line) or after `CLASSIFY_GRACE_S`.
 3. Hang: /health_generate failing for `hang_timeout_s` (probe thread, `policy.HangDetector`)
    while the scheduler logs no batch for as long; failing probes beside logged batches are
@@ -53,8 +53,6 @@ HEARTBEAT_S = 2.0
 INCIDENTS_KEPT = 100
 # After a fatal line, how long to wait for the rest of the traceback before deciding anyway.
 CLASSIFY_GRACE_S = 1.5
-# Unit sub-states in which the engine is dead whatever else is true.
-DEAD_SUB_STATES = ("auto-restart", "failed")
 _RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+\.\d+)")
 
 
@@ -580,10 +578,7 @@ class Watcher:
         # (a busy engine logs KV-pool retractions by the thousand between deaths; a death is
         # judged from the incidents around it)
         del self.incidents[:-INCIDENTS_KEPT]
-        # (with a job queued, a "failed" old run is a restart's stop step that failed: systemd is
-        # about to start the new run; a dead run waiting for its auto-restart has no job)
-        died = (not unit.job and (unit.sub_state in DEAD_SUB_STATES or unit.active_state == "failed")) \
-            or unit.restarts > self.restarts
+        died = unit.dead or unit.restarts > self.restarts
         if died and self.fatal_at is None:
             self.fatal_at, self.fatal_wall, self.fatal_line = now, time.time(), f"unit {unit.sub_state}"
         if self.fatal_at is not None:
