@@ -43,9 +43,12 @@ def _tile_slots(idx_ptr, n0, hi, is_draft, BLOCK_N: gl.constexpr, ROW_G: gl.cons
     slot of row hi - 1; 0 for draft programs). Loaded one tile ahead of the gather that uses
     them, so their latency is hidden. Narrowed to int32 (a pool has far fewer than 2**31 slots):
     SGLang's int64 kv_indices would hold twice the registers across the loop, and sm_120's
-    kernels spilled for it."""
-    r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), hi - 1)
-    return gl.load(idx_ptr + r, mask=(r >= 0) & (not is_draft), other=0).to(gl.int32)
+    kernels spilled for it. A draft program's last row is -1, so the mask is one test: with
+    `not is_draft` in it, Triton 3.8 (the image's) re-derives that uniform predicate for every
+    slot check (RESULTS.md, sessions 20 and 21: about 1% on sm_120's code under 3.8)."""
+    last = gl.where(is_draft, -1, hi - 1)
+    r = gl.minimum(n0 + gl.arange(0, BLOCK_N, layout=ROW_G), last)
+    return gl.load(idx_ptr + r, mask=r >= 0, other=0).to(gl.int32)
 
 
 @gluon.jit

@@ -13,7 +13,8 @@ import glob, sys, zipfile
 wheel = zipfile.ZipFile(glob.glob(f"{sys.argv[1]}/sglang-*.whl")[0])
 wheel.extractall("/tmp/sglkit-src", [n for n in wheel.namelist() if n.startswith("sglang/") and not n.endswith(".so")])
 PY
-export PYTHONPATH=$HERE/stubs:$KERNELS:/tmp/sglkit-src:/tmp/sglkit-deps
+# a PYTHONPATH set by the caller comes last (another Triton unpacked by pack_triton.sh, say)
+export PYTHONPATH=$HERE/stubs:$KERNELS:/tmp/sglkit-src:/tmp/sglkit-deps${PYTHONPATH:+:$PYTHONPATH}
 # compiled packages SGLang imports at module level: stand-ins (stubs/sitecustomize.py), found by
 # importing the kit and the backend until nothing is missing
 export SGLKIT_STUBS=sgl_kernel
