@@ -1,5 +1,6 @@
 """The merge kernel alone, timed in graph replay for several tiles (output columns x partials a
-program) and warp counts, over the points of the results table, for each arch's config:
+step, pipeline stages) and warp counts, over the points of the results table, for each arch's
+config:
 
     python kernels/bench/merge_tiles.py [--configs sm90,sm120]
 
@@ -25,10 +26,14 @@ from fixed_costs import call  # noqa: E402
 
 va = bv.va
 MIX = [1024, 3000, 8192, 20000, 50000, 100000, 131072, 200000]
-POINTS = [([1024], 16), ([32768], 16), ([131072], 16), ([131072], 64), (MIX, 16), (MIX, 64)]
-# (block_d, chunk, num_warps)
-CANDIDATES = [(64, 128, 4), (128, 32, 4), (64, 128, 8), (32, 128, 4), (128, 128, 8), (64, 64, 4), (128, 64, 8),
-              (32, 64, 4), (256, 32, 8), (32, 32, 4), (64, 32, 4)]
+# (bs = 2 and 3: 34.5 and 23.7 partials a request with sm_90's 66 slices)
+POINTS = [([1024], 16), ([32768], 16), ([131072], 16), ([131072], 64), ([131072] * 2, 16), ([131072] * 3, 16),
+          (MIX, 16), (MIX, 64)]
+# (block_d, chunk, stages, num_warps): the one-round-trip tiles (session 11), then pipelined ones
+# (session 22)
+CANDIDATES = [(64, 128, 1, 4), (64, 64, 1, 4), (128, 32, 1, 4), (64, 128, 1, 8), (128, 64, 1, 8), (256, 32, 1, 8),
+              (512, 8, 4, 4), (512, 16, 3, 4), (512, 16, 3, 8), (256, 16, 3, 4), (256, 32, 3, 4), (128, 64, 2, 4),
+              (64, 128, 2, 4)]
 
 
 def point(cfg, lens, t, h=8):
@@ -39,26 +44,32 @@ def point(cfg, lens, t, h=8):
     ref = torch.empty(n, h, 512, dtype=torch.bfloat16, device="cuda")
     ref_lse = torch.empty(n, h, dtype=torch.float32, device="cuda")
     call(c, cfg, ws, ns, t, ref, lse=ref_lse)
-    shipped = va.merge_tile(cfg, ns, len(lens)) + (va.MERGE_NUM_WARPS,)
+    shipped = tuple(va.merge_tile(cfg, ns, len(lens))) + (va.MERGE_NUM_WARPS,)
     cands = [shipped] + [x for x in CANDIDATES if x != shipped]
     times = {}
-    for bd, chunk, warps in cands:
+    for bd, chunk, stages, warps in cands:
         va.MERGE_NUM_WARPS = warps
-        cand_cfg = dataclasses.replace(cfg, merge_tile=(bd, chunk))
+        cand_cfg = dataclasses.replace(cfg, merge_tile=va.MergeTile(bd, chunk, stages))
         out = torch.full_like(ref, float("nan"))
         lse = torch.full_like(ref_lse, float("nan"))
         call(c, cand_cfg, ws, ns, t, out, ("merge",), lse)
         err = rel_err(out, ref)
         ok = not torch.isnan(out).any() and err < 1e-3 and torch.allclose(lse, ref_lse, atol=1e-4, rtol=0)
-        times[(bd, chunk, warps)] = bv.graph_ms(lambda f=cand_cfg, o=out, x=lse: call(c, f, ws, ns, t, o, ("merge",), x)) * 1e3
+        times[(bd, chunk, stages, warps)] = bv.graph_ms(
+            lambda f=cand_cfg, o=out, x=lse: call(c, f, ws, ns, t, o, ("merge",), x)) * 1e3
         if not ok:
-            print(f"   tile {bd}x{chunk} w{warps}: WRONG (rel err {err:.2e})")
-    va.MERGE_NUM_WARPS = shipped[2]
+            print(f"   tile {bd}x{chunk}s{stages} w{warps}: WRONG (rel err {err:.2e})")
+    va.MERGE_NUM_WARPS = shipped[3]
     best = min(times, key=times.get)
-    name = f"bs={len(lens)} L={lens[0] if len(lens) == 1 else 'mixed'} t={t} splits={ns}"
-    print(f"{name}: shipped {shipped[0]}x{shipped[1]} w{shipped[2]} {times[shipped]:.1f} us, fastest "
-          f"{best[0]}x{best[1]} w{best[2]} {times[best]:.1f} us (graph replay, merge alone)")
-    print("   " + ", ".join(f"{k[0]}x{k[1]}w{k[2]} {v:.1f}" for k, v in times.items()), flush=True)
+    name = f"bs={len(lens)} L={lens[0] if len(set(lens)) == 1 else 'mixed'} t={t} splits={ns}"
+    print(f"{name}: shipped {_tag(shipped)} {times[shipped]:.1f} us, fastest {_tag(best)} {times[best]:.1f} us "
+          "(graph replay, merge alone)")
+    print("   " + ", ".join(f"{_tag(k)} {v:.1f}" for k, v in times.items()), flush=True)
+
+
+def _tag(cand):
+    bd, chunk, stages, warps = cand
+    return f"{bd}x{chunk}s{stages}w{warps}"
 
 
 def main():

@@ -96,15 +96,18 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     head count and batch bucket: plan and draft mask (per batch bucket), split (per pool and
     index dtype) and merge."""
     plans = [("verify_plan", *_with_sig(va.plan_kernel(_config(arch), bs_pad), _PLAN_SIG)), *_draft_mask_specs(bs_pad)]
-    merges = []
-    for tile in va.MERGE_TILES:  # the launcher picks one (merge_tile)
-        tag = f"_d{tile[0]}c{tile[1]}"
-        # with and without the LSE output (SGLang's verify call asks for none)
-        merges += [("verify_merge" + tag, *_with_sig(va.merge_kernel(heads, True, tile), _MERGE_SIG)),
-                   ("verify_merge_nolse" + tag, *_with_sig(va.merge_kernel(heads, False, tile), _MERGE_SIG))]
+    # every tile the launcher may pick (merge_tile), with and without the LSE output (SGLang's
+    # verify call asks for none)
+    merges = [(merge_name(tile, lse), *_with_sig(va.merge_kernel(heads, lse, tile), _MERGE_SIG))
+              for tile in va.MERGE_TILES for lse in (True, False)]
     splits = [("verify_split" + suffix + idx_suffix, *_split_spec(arch, heads, kv_type, idx_type))
               for suffix, kv_type in pool_types(arch).items() for idx_suffix, idx_type in INDEX_TYPES.items()]
     return [*plans, *splits, *merges]
+
+
+def merge_name(tile: va.MergeTile, write_lse: bool) -> str:
+    """The build's name of the merge kernel for one tile."""
+    return f"verify_merge{'' if write_lse else '_nolse'}_d{tile.block_d}c{tile.chunk}s{tile.stages}"
 
 
 def _draft_mask_specs(bs_pad: int):

@@ -47,6 +47,7 @@ import importlib
 import logging
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -287,16 +288,19 @@ def _verify_merge_kernel(
     """One program = one query row x BLOCK_D output columns. One pass over the request's partials
     (its draft block first, then its prefix slices), SPLIT_CHUNK at a time with a running maximum:
     a chunk's partial outputs do not depend on its lse values, so both loads are in flight
-    together and a request of up to SPLIT_CHUNK - 1 slices costs one memory round trip."""
+    together and a request of up to SPLIT_CHUNK - 1 slices costs one memory round trip. With more
+    chunks, a tile's pipeline stages (MergeTile) keep the loads of the next ones in flight."""
     r = tl.program_id(0)
     pid_d = tl.program_id(1)
     b = tl.program_id(2)
+    # the plan's entries are loaded beside the request's rows, not after the early return: a
+    # program then waits for one memory round trip before its partials' loads, not two
     qo_start = tl.load(QO_INDPTR + b)
     n_rows = (tl.load(QO_INDPTR + b + 1) - qo_start) * NUM_HEADS
-    if r >= n_rows:
-        return
     s_first = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4)  # this request's first prefix slot
     n_used = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1)  # and its slot count (0 if L == 0)
+    if r >= n_rows:
+        return
 
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -335,6 +339,14 @@ def _verify_merge_kernel(
 # ----------------------------------------------------------------------------------------------
 # 2/ launch configs
 # ----------------------------------------------------------------------------------------------
+class MergeTile(NamedTuple):
+    """A launch of the merge kernel: output columns a program, partials loaded at once, and the
+    software-pipeline stages of its loop over them (Triton's num_stages)."""
+    block_d: int
+    chunk: int
+    stages: int = 1
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     block_m: int  # query rows (draft tokens x heads) per program
@@ -359,11 +371,13 @@ class VerifyConfig:
     # (SUMS_XOR); CONFIGS["sm120"] sets both (session 15), False is session 13's layout
     rope_lines: bool = False
     sums_xor: bool = False
-    # merge kernel (output columns per program, partials loaded at once); None: chosen from the
-    # split count and the batch (merge_tile)
-    merge_tile: tuple[int, int] | None = None
+    # merge kernel: a MergeTile (or its fields as a tuple); None: chosen from the split count and
+    # the batch (merge_tile)
+    merge_tile: MergeTile | tuple | None = None
 
     def __post_init__(self):
+        if self.merge_tile is not None and not isinstance(self.merge_tile, MergeTile):
+            object.__setattr__(self, "merge_tile", MergeTile(*self.merge_tile))
         if self.s_cols not in (128, 256) or self.q_regs not in (0, 1, 2):
             raise ValueError(f"VerifyConfig: s_cols must be 128 or 256 and q_regs 0, 1 or 2 (got {self.s_cols}, "
                              f"{self.q_regs})")
@@ -415,23 +429,26 @@ CONFIGS = {
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
 MERGE_NUM_WARPS = 4
-# (block_d, chunk) of the merge kernel: the first whose chunk holds the mean number of partials per
-# request (its slices and its draft block), a static bound from the split count and the batch, so
-# that one memory round trip fetches them all: up to 32, 128 columns x 32 partials; up to 64 (34 at
-# t = 16, bs = 1 with sm_120's 32-row blocks on 132 SMs), 64 x 64; more (67 with sm_90's 64-row
-# blocks), 64 x 128. Measured on the H200, merge alone in graph replay (RESULTS.md, sessions 5
-# and 11): 128k, t = 16, 67 partials: 13.7 us, against 18.5 for 128 x 32; 34 partials: 10.0 us,
-# against 11.4 for 64 x 128; bs = 8, t = 16 (about 10 a request): 21.9 against 36.6; t = 64 (17):
-# 18.1 against 22.1. No other tile of 4 or 8 warps was faster by more than 1 us at any point.
-MERGE_TILES = ((128, 32), (64, 64), (64, 128))
+# The merge tile for a mean number of partials per request (its slices and its draft block, a
+# static bound from the split count and the batch): (most mean partials, tile), the first that
+# holds it. Up to 32 (t = 64, batches: about 10-17), a program per query row over all 512 columns,
+# 8 partials a step in a 4-stage pipeline, so the loads of later steps are in flight while a step
+# is summed. Up to 64 (34 at t = 16, bs = 1 with sm_120's 32-row blocks on 132 SMs), 64 x 64 in
+# one round trip; more (67 with sm_90's 64-row blocks), 64 x 128. Measured on the H200, merge
+# alone in graph replay (RESULTS.md, session 22; Triton 3.8): the row tile takes bs = 8 mixed,
+# t = 64 from 41.1 to 17.7 us (sm_90's config) and 40.5 to 15.7 (sm_120's), t = 16 from 17.7 to
+# 14.0 and 15.8 to 10.7, bs = 1 t = 64 from 14.2 to 12.5; at 34 and 67 partials it is 1-1.6 us
+# slower than the one-round-trip tiles, which stay there (sessions 5 and 11).
+MERGE_TILE_BY_PARTIALS = ((32, MergeTile(512, 8, 4)), (64, MergeTile(64, 64)), (None, MergeTile(64, 128)))
+MERGE_TILES = tuple(tile for _, tile in MERGE_TILE_BY_PARTIALS)  # the ahead-of-time build compiles all
 
 
-def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> tuple[int, int]:
-    """(block_d, chunk) of the merge kernel; the batch's slices are at most num_splits + batch - 1."""
+def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> MergeTile:
+    """The merge kernel's tile; the batch's slices are at most num_splits + batch - 1."""
     if cfg.merge_tile is not None:
         return cfg.merge_tile
     mean_partials = (num_splits + batch - 1) / batch + 1
-    return next((tile for tile in MERGE_TILES if mean_partials <= tile[1]), MERGE_TILES[-1])
+    return next(tile for most, tile in MERGE_TILE_BY_PARTIALS if most is None or mean_partials <= most)
 
 
 PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
@@ -504,10 +521,10 @@ def plan_kernel(cfg: VerifyConfig, bs_pad: int):
     return _verify_plan_kernel, const, dict(num_warps=4, num_stages=1)
 
 
-def merge_kernel(heads: int, write_lse: bool, tile: tuple[int, int]):
-    """(kernel, constexprs, launch options) of the merge kernel for one (block_d, chunk) tile."""
-    const = dict(NUM_HEADS=heads, BLOCK_D=tile[0], SPLIT_CHUNK=tile[1], WRITE_LSE=write_lse)
-    return _verify_merge_kernel, const, dict(num_warps=MERGE_NUM_WARPS, num_stages=1)
+def merge_kernel(heads: int, write_lse: bool, tile: MergeTile):
+    """(kernel, constexprs, launch options) of the merge kernel for one tile."""
+    const = dict(NUM_HEADS=heads, BLOCK_D=tile.block_d, SPLIT_CHUNK=tile.chunk, WRITE_LSE=write_lse)
+    return _verify_merge_kernel, const, dict(num_warps=MERGE_NUM_WARPS, num_stages=tile.stages)
 
 
 def is_plain_pool(kv_dtype, k_scale: float = 1.0, v_scale: float = 1.0) -> bool:
@@ -729,7 +746,7 @@ def verify_attention(
         workspace = alloc_workspace(batch, h, mq, ns, q.device)
     part_o, part_lse, plan_buf = workspace
     if part_o.shape != so or part_lse.shape != sl or plan_buf.shape != sp \
-            or part_o.dtype != torch.float32 or part_lse.dtype != torch.float32 \
+            or part_o.dtype not in (torch.float32, torch.bfloat16) or part_lse.dtype != torch.float32 \
             or plan_buf.dtype != torch.int32 or not all(x.is_contiguous() for x in workspace):
         raise ValueError(f"workspace: expected contiguous float32 {so}, float32 {sl}, int32 {sp} "
                          f"(alloc_workspace), got {[tuple(x.shape) for x in workspace]}")
@@ -754,7 +771,7 @@ def verify_attention(
     if "merge" in _phases:
         tile = merge_tile(cfg, ns, batch)
         merge_fn, merge_const, merge_opts = merge_kernel(h, lse is not None, tile)
-        merge_fn[(rows_max, D_NOPE // tile[0], batch)](
+        merge_fn[(rows_max, D_NOPE // tile.block_d, batch)](
             part_o, part_lse, plan_buf, qo_indptr, out, lse_arg,
             out.stride(0), out.stride(1),
             lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,

@@ -22,7 +22,7 @@ SM120_SMEM_LIMIT = 101376  # 99 KB per block on sm_120 (RTX PRO 6000 / RTX 50xx)
 SM90_SMEM_LIMIT = 227 * 1024  # per block on the H100 / H200
 SMEM_LIMITS = {120: SM120_SMEM_LIMIT, 90: SM90_SMEM_LIMIT}
 # the launcher picks a merge tile from the split count and the batch: all are built
-MERGE_NAMES = {f"verify_merge{lse}_d{d}c{c}" for lse in ("", "_nolse") for d, c in MERGE_TILES}
+MERGE_NAMES = {aot.merge_name(tile, lse) for lse in (True, False) for tile in MERGE_TILES}
 # the split kernel for each pool dtype (bf16, fp8 e4m3, fp8 e5m2) and kv_indices dtype (int32, int64)
 SPLIT_NAMES = {"verify_split" + suffix + idx for suffix in aot.KV_POOL_TYPES for idx in aot.INDEX_TYPES}
 # the plugin's draft-block mask kernels (1 and 2 words; chains causal or not, trees), per batch bucket

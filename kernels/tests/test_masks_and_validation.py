@@ -180,14 +180,18 @@ def test_sm90_layout_fields_are_checked(fields, message):
             va.VerifyConfig(32, 32, 8, 2, mma2=True, **{teams_only: True})
 
 
-def test_merge_tile_holds_the_mean_partials():
-    """The merge tile is the first whose chunk holds a request's mean partials (slices plus the
-    draft block), so one memory round trip fetches them; more than any chunk holds loops."""
+def test_merge_tile_follows_the_mean_partials():
+    """Up to 32 partials a request (slices plus the draft block) a program per row pipelines 8 at a
+    time; more are fetched in one memory round trip by the tile whose chunk holds them; more than
+    any chunk holds loops. A config's own tile wins, and a plain tuple becomes a MergeTile."""
     cfg = va.CONFIGS["sm90"]
-    assert va.merge_tile(cfg, 66, 1) == (64, 128)  # 67: sm_90 at t = 16 on 132 SMs
-    assert va.merge_tile(cfg, 33, 1) == (64, 64)  # 34: sm_120's 32-row blocks there
-    assert va.merge_tile(cfg, 16, 1) == (128, 32)  # 17: t = 64
-    assert va.merge_tile(cfg, 66, 8) == (128, 32)  # about 10 a request
-    assert va.merge_tile(cfg, 31, 1) == (128, 32) and va.merge_tile(cfg, 32, 1) == (64, 64)  # 32 | 33
-    assert va.merge_tile(cfg, 400, 1) == (64, 128)
-    assert va.merge_tile(dataclasses.replace(cfg, merge_tile=(128, 8)), 66, 1) == (128, 8)
+    rows = va.MergeTile(512, 8, 4)
+    assert va.merge_tile(cfg, 66, 1) == va.MergeTile(64, 128, 1)  # 67: sm_90 at t = 16 on 132 SMs
+    assert va.merge_tile(cfg, 33, 1) == va.MergeTile(64, 64, 1)  # 34: sm_120's 32-row blocks there
+    assert va.merge_tile(cfg, 16, 1) == rows  # 17: t = 64
+    assert va.merge_tile(cfg, 66, 8) == rows  # about 10 a request
+    assert va.merge_tile(cfg, 31, 1) == rows and va.merge_tile(cfg, 32, 1) == va.MergeTile(64, 64)  # 32 | 33
+    assert va.merge_tile(cfg, 400, 1) == va.MergeTile(64, 128)
+    own = dataclasses.replace(cfg, merge_tile=(128, 8))
+    assert va.merge_tile(own, 66, 1) == va.MergeTile(128, 8, 1) and own.merge_tile.stages == 1
+    assert va.merge_kernel(8, False, rows)[2]["num_stages"] == 4
