@@ -437,8 +437,8 @@ MERGE_NUM_WARPS = 4
 # one round trip; more (67 with sm_90's 64-row blocks), 64 x 128. Measured on the H200, merge
 # alone in graph replay (RESULTS.md, session 22; Triton 3.8): the row tile takes bs = 8 mixed,
 # t = 64 from 41.1 to 17.7 us (sm_90's config) and 40.5 to 15.7 (sm_120's), t = 16 from 17.7 to
-# 14.0 and 15.8 to 10.7, bs = 1 t = 64 from 14.2 to 12.5; at 34 and 67 partials it is 1-1.6 us
-# slower than the one-round-trip tiles, which stay there (sessions 5 and 11).
+# 14.0 and 15.8 to 10.7, bs = 1 t = 64 from 14.2 to 12.5; at bs = 1, t = 16 (34 and 67 partials)
+# it is 1.1-1.9 us slower than the one-round-trip tiles, which stay there (sessions 5 and 11).
 MERGE_TILE_BY_PARTIALS = ((32, MergeTile(512, 8, 4)), (64, MergeTile(64, 64)), (None, MergeTile(64, 128)))
 MERGE_TILES = tuple(tile for _, tile in MERGE_TILE_BY_PARTIALS)  # the ahead-of-time build compiles all
 
