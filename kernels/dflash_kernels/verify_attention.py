@@ -746,7 +746,7 @@ def verify_attention(
         workspace = alloc_workspace(batch, h, mq, ns, q.device)
     part_o, part_lse, plan_buf = workspace
     if part_o.shape != so or part_lse.shape != sl or plan_buf.shape != sp \
-            or part_o.dtype not in (torch.float32, torch.bfloat16) or part_lse.dtype != torch.float32 \
+            or part_o.dtype != torch.float32 or part_lse.dtype != torch.float32 \
             or plan_buf.dtype != torch.int32 or not all(x.is_contiguous() for x in workspace):
         raise ValueError(f"workspace: expected contiguous float32 {so}, float32 {sl}, int32 {sp} "
                          f"(alloc_workspace), got {[tuple(x.shape) for x in workspace]}")

@@ -97,6 +97,11 @@ def test_validation_errors(args):
     with pytest.raises(ValueError, match="workspace"):
         va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, max_q_len=4, num_splits=4,
                             workspace=va.alloc_workspace(2, 8, 4, 5, "cpu"))
+    # partial outputs are float32: the kernels are built for them (bf16 ones measured slower, RESULTS.md)
+    part_o, part_lse, plan_buf = va.alloc_workspace(2, 8, 4, 4, "cpu")
+    with pytest.raises(ValueError, match="workspace: expected contiguous float32"):
+        va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, max_q_len=4, num_splits=4,
+                            workspace=(part_o.bfloat16(), part_lse, plan_buf))
 
 
 def test_cuda_required_outside_interpreter():
