@@ -34,8 +34,9 @@ Layout decisions:
   * An fp8 pool is widened to bf16 as it is loaded (exact), so both dots stay bf16; its scales
     (SGLang's k/v descale) fold into the program's score scale and its partial output.
   * Split-KV, balanced over the batch: the prefixes of all requests are cut into slices of one
-    size (about total / NUM_SPLITS tokens, a multiple of BLOCK_N, at least MIN_CHUNK), so a long
-    request gets many slices and a short one few. A one-program kernel (``_verify_plan_kernel``)
+    size (about total / NUM_SPLITS tokens, a multiple of BLOCK_N, at least MIN_CHUNK; up to 40%
+    longer where that fits every slice in the first wave of programs), so a long request gets
+    many slices and a short one few. A one-program kernel (``_verify_plan_kernel``)
     writes the plan from kv_indptr on the device; programs past the last slice return at once.
     Each request's draft block is one more slot. The merge kernel reads the same plan, so
     nothing goes through the host.
@@ -93,11 +94,16 @@ def _online_softmax_step(q_nope, q_pe, kn, kp, visible, m_i, l_i, acc, qk_scale)
 
 @triton.jit(do_not_specialize=["BATCH", "NUM_SPLITS"])
 def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BS_PAD: tl.constexpr, SLOT_BLOCK: tl.constexpr):
-    """One program. Cuts the batch's prefixes into about NUM_SPLITS equal slices, balanced over
-    requests: chunk = ceil(total / NUM_SPLITS) rounded up to BLOCK_N (at least MIN_CHUNK);
-    request i gets n_i = ceil(L_i / chunk) slices at slots first_i .. first_i + n_i - 1
-    (sum n_i <= NUM_SPLITS + BATCH since chunk >= total / NUM_SPLITS). Writes, int32:
+                        BLOCK_N: tl.constexpr, BS_PAD: tl.constexpr, SLOT_BLOCK: tl.constexpr,
+                        FIT_PCT: tl.constexpr):
+    """One program. Cuts the batch's prefixes into slices of one size, balanced over requests:
+    chunk0 = ceil(total / NUM_SPLITS) rounded up to BLOCK_N (at least MIN_CHUNK). A request's last
+    slice is what is left of it, so a batch gets up to NUM_SPLITS + BATCH - 1 slices, and the
+    grid's NUM_SPLITS columns are one wave of programs (default_num_splits): the slices past them
+    start only when a first-wave program ends. So the plan takes the smallest chunk >= chunk0
+    whose slices fit NUM_SPLITS columns, when it is at most FIT_PCT percent of chunk0; else chunk0.
+    Request i gets n_i = ceil(L_i / chunk) slices at slots first_i .. first_i + n_i - 1 (sum n_i
+    <= NUM_SPLITS + BATCH since chunk >= total / NUM_SPLITS). Writes, int32:
       PLAN[p, 0:3]           = (request, lo, hi) of prefix slot p (request = BATCH: unused slot)
       PLAN[S + i, 0:2]       = (first_i, n_i), S = NUM_SPLITS + BATCH, for the merge kernel."""
     offs_b = tl.arange(0, BS_PAD)
@@ -105,8 +111,23 @@ def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.conste
     start = tl.load(KV_INDPTR + offs_b, mask=b_ok, other=0)
     lens = tl.load(KV_INDPTR + offs_b + 1, mask=b_ok, other=0) - start
     total = tl.sum(lens, 0)
-    chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    chunk = tl.maximum(chunk, tl.cdiv(MIN_CHUNK, BLOCK_N) * BLOCK_N)
+    chunk0 = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk0 = tl.maximum(chunk0, tl.cdiv(MIN_CHUNK, BLOCK_N) * BLOCK_N)
+    # The plan kernel is on every call's critical path, so the search below (a reduction a step,
+    # about 0.1 us) runs only for a batch whose slices do not fit as cut and do fit when
+    # FIT_PCT percent longer: a binary search, in tiles, for the smallest such chunk (the slice
+    # count falls as the chunk grows).
+    chunk = chunk0
+    if tl.sum(tl.cdiv(lens, chunk0), 0) > NUM_SPLITS:
+        lo_t = chunk0 // BLOCK_N + 1
+        hi_t = tl.minimum(tl.cdiv(tl.max(lens, 0), BLOCK_N), (chunk0 // BLOCK_N) * FIT_PCT // 100)
+        if (lo_t <= hi_t) & (tl.sum(tl.cdiv(lens, hi_t * BLOCK_N), 0) <= NUM_SPLITS):
+            while lo_t < hi_t:
+                mid = (lo_t + hi_t) // 2
+                fits = tl.sum(tl.cdiv(lens, mid * BLOCK_N), 0) <= NUM_SPLITS
+                hi_t = tl.where(fits, mid, hi_t)
+                lo_t = tl.where(fits, lo_t, mid + 1)
+            chunk = hi_t * BLOCK_N
     n_sl = tl.cdiv(lens, chunk)
     end = tl.cumsum(n_sl, 0)
     first = end - n_sl
@@ -452,6 +473,11 @@ def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> MergeTile:
 
 
 PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step
+# The plan lengthens its slices by up to this percentage so that they fit one wave of programs.
+# Measured on the H200 (RESULTS.md, session 23; bench/plan_chunks.py): batches at t = 16 were
+# 5-22% faster where that took 2-17% longer slices, and 10% at 48 x 1k where it took 33%; at
+# t = 64, where the batch of 8 mixed lengths would need 56% longer slices, one wave was 23% slower.
+PLAN_FIT_PCT = 140
 # KV pool dtypes the launcher takes (SGLang's --kv-cache-dtype auto/bf16, fp8_e4m3, fp8_e5m2);
 # fp8 values widen to bf16 exactly, so the dots stay bf16.
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) if torch is not None else ()
@@ -517,7 +543,8 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
 def plan_kernel(cfg: VerifyConfig, bs_pad: int):
     """(kernel, constexprs, launch options) of the plan kernel; one choice for the launcher and
     the ahead-of-time build."""
-    const = dict(MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad, SLOT_BLOCK=PLAN_SLOT_BLOCK)
+    const = dict(MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n, BS_PAD=bs_pad, SLOT_BLOCK=PLAN_SLOT_BLOCK,
+                 FIT_PCT=PLAN_FIT_PCT)
     return _verify_plan_kernel, const, dict(num_warps=4, num_stages=1)
 
 
