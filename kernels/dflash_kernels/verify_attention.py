@@ -38,6 +38,7 @@ Layout decisions:
     longer where that fits every slice in the first wave of programs), so a long request gets
     many slices and a short one few. A one-program kernel (``_verify_plan_kernel``)
     writes the plan from kv_indptr on the device; programs past the last slice return at once.
+    A batch of one request needs no plan kernel: its programs cut their own slices.
     Each request's draft block is one more slot. The merge kernel reads the same plan, so
     nothing goes through the host.
   * The grid is (row blocks for max_q_len, NUM_SPLITS + 2 * batch): only static sizes.
@@ -150,15 +151,28 @@ def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.conste
 
 
 @triton.jit
-def _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH):
+def _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
     """(request, first and end latent row, is_draft) of program column pid_s: prefix slices come
     from the plan; the last BATCH columns are the requests' draft blocks (rows set by the caller).
+    A batch of one request has no plan kernel: its slices follow from its length alone, the plan
+    kernel's chunk0 (which always fits one wave there), so each program cuts its own, and column
+    0 writes the merge's (first slot, slot count). That takes a launch off the call's critical
+    path (about 3 us, RESULTS.md session 23).
     Scalar code only, so the Gluon kernels (verify_gluon.py) call it too."""
     is_draft = pid_s >= NUM_SPLITS + BATCH
     if is_draft:
         b = pid_s - (NUM_SPLITS + BATCH)
         lo = 0
         hi = 0
+    elif BATCH == 1:
+        length = tl.load(KV_INDPTR + 1) - tl.load(KV_INDPTR)
+        chunk = tl.maximum(tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N), tl.cdiv(MIN_CHUNK, BLOCK_N)) * BLOCK_N
+        lo = pid_s * chunk
+        hi = tl.minimum(lo + chunk, length)
+        b = tl.where(lo < length, 0, 1)  # 1 = BATCH: a slot past the last slice
+        if pid_s == 0:  # (every row block writes the same two values)
+            tl.store(PLAN + (NUM_SPLITS + 1) * 4, 0)
+            tl.store(PLAN + (NUM_SPLITS + 1) * 4 + 1, tl.cdiv(length, chunk))
     else:
         b = tl.load(PLAN + pid_s * 4)
         lo = tl.load(PLAN + pid_s * 4 + 1)
@@ -233,6 +247,7 @@ def _verify_split_kernel(
     NUM_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
     IDX_AHEAD: tl.constexpr,
 ):
     """One program: BLOCK_M query rows x one prefix slice (or the request's draft block) ->
@@ -243,7 +258,7 @@ def _verify_split_kernel(
     pid_s = tl.program_id(1)  # slot: prefix slice (< NUM_SPLITS + BATCH) or a request's draft block
 
     # -- which request and which part of it this program takes (from the plan kernel) --
-    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return  # a slot past the last slice of the batch
     qo_start = tl.load(QO_INDPTR + b)
@@ -518,7 +533,7 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     """(kernel, constexprs, launch options) of the split kernel a config runs for a bf16 or an
     fp8 pool; one choice for the launcher and the ahead-of-time build, so both compile the same
     binary."""
-    const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk)
     # (num_stages: only part of the cache key for the Gluon kernels, which pipeline by hand)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.mma2 and cfg.teams and not fp8_pool:
@@ -784,8 +799,9 @@ def verify_attention(
     bs_pad = triton.next_power_of_2(max(batch, 2))
     grid = (triton.cdiv(rows_max, cfg.block_m), ns + 2 * batch)
     if "split" in _phases:  # (_phases: the benchmark times the merge alone)
-        plan_fn, plan_const, plan_opts = plan_kernel(cfg, bs_pad)
-        plan_fn[(1,)](kv_indptr, plan_buf, batch, ns, **plan_const, **plan_opts)
+        if batch > 1:  # (one request's programs cut their own slices: _program_slice)
+            plan_fn, plan_const, plan_opts = plan_kernel(cfg, bs_pad)
+            plan_fn[(1,)](kv_indptr, plan_buf, batch, ns, **plan_const, **plan_opts)
         split_args = (q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, plan_buf,
                       part_o, part_lse,
                       sm_scale * LOG2E,

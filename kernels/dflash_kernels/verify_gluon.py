@@ -122,6 +122,7 @@ def _verify_split_kernel_gluon(
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
+    MIN_CHUNK: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert(gl.num_warps() == 8)
@@ -143,7 +144,7 @@ def _verify_split_kernel_gluon(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
-    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return
     qo_start = gl.load(QO_INDPTR + b)
@@ -575,6 +576,7 @@ def _verify_split_kernel_gluon_ws(
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
+    MIN_CHUNK: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     S_COLS: gl.constexpr,
     Q_REGS: gl.constexpr,
@@ -589,7 +591,7 @@ def _verify_split_kernel_gluon_ws(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
-    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return
     qo_start = gl.load(QO_INDPTR + b)

@@ -291,6 +291,7 @@ def _verify_split_kernel_mma2(
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
+    MIN_CHUNK: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 32)
     gl.static_assert(BLOCK_N == 32)
@@ -300,7 +301,7 @@ def _verify_split_kernel_mma2(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
-    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return
     qo_start = gl.load(QO_INDPTR + b)

@@ -285,6 +285,7 @@ def _verify_split_kernel_teams(
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
+    MIN_CHUNK: gl.constexpr,
     ROPE_LINES: gl.constexpr = False,
     SUMS_XOR: gl.constexpr = False,
 ):
@@ -296,7 +297,7 @@ def _verify_split_kernel_teams(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
-    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, NUM_SPLITS, BATCH)
+    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return
     qo_start = gl.load(QO_INDPTR + b)

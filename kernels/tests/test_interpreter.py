@@ -31,6 +31,10 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
          config=dict(SMALL, idx_ahead=True, merge_tile=(64, 2))),
     # chain mask, one slice only
     dict(lens=[500], ts=[5], heads=4, num_splits=1, mask="chain", config=SMALL),
+    # one request, so no plan kernel: its programs cut 7 slices (the last one short) themselves,
+    # and column 0 tells the merge how many; then an empty prefix (the draft block alone)
+    dict(lens=[300], ts=[4], heads=2, num_splits=7, config=SMALL),
+    dict(lens=[0], ts=[3], heads=2, num_splits=7, config=SMALL),
     # more slices than tokens; pages of 16; 128-column merge programs, four partials at a time
     dict(lens=[40, 33], ts=[3, 3], heads=2, num_splits=64, page_size=16,
          config=dict(SMALL, merge_tile=(128, 4))),
@@ -46,7 +50,7 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
          kv_dtype="float8_e5m2", k_scale=2.5, v_scale=0.6, config=SMALL),
     # a scaled bf16 pool: the single loop for both kinds of program, with the prefix's scales
     dict(lens=[200, 7], ts=[5, 2], heads=4, num_splits=4, k_scale=0.5, v_scale=3.0, config=SMALL),
-], ids=["mixed-batch", "chain", "many-splits-paged", "tree-40", "fp8-e4m3-scaled", "fp8-e5m2-paged",
+], ids=["mixed-batch", "chain", "one-request-slices", "one-request-empty", "many-splits-paged", "tree-40", "fp8-e4m3-scaled", "fp8-e5m2-paged",
         "bf16-scaled"])
 def test_kernels_match_reference(spec):
     r = _run(spec)

@@ -197,11 +197,17 @@ def test_pack_custom_mask_matches_sglang_layout():
     assert torch.equal(packed, case["tree_mask"])
 
 
+REPLAY_LENGTHS = {3: ([5, 120_000, 0], [64_000, 1, 99_999], [7777, 7777, 120_000]),
+                  # one request: no plan kernel, its programs cut their own slices
+                  1: ([120_000], [0], [77_777], [5])}
+
+
+@pytest.mark.parametrize("bs", [3, 1])
 @pytest.mark.parametrize("config", [None, "sm120"])
-def test_cuda_graph_replay(config):
+def test_cuda_graph_replay(config, bs):
     """Capture once at static maxima, replay with other lengths, masks and inputs: the arch's
     own config, and sm_120's (its two-team kernel with mbarriers; mma.sync runs here too)."""
-    h, t, bs, max_L = 8, 16, 3, 120_000
+    h, t, max_L = 8, 16, 120_000
     static = make_case([max_L] * bs, [t] * bs, h, mask="tree", pool_extra=8192)
     ws = va.alloc_workspace(bs, h, t, 40, "cuda")
     idx_buf = torch.zeros(bs * max_L, dtype=torch.int32, device="cuda")
@@ -220,7 +226,7 @@ def test_cuda_graph_replay(config):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         call()
-    for lens in ([5, 120_000, 0], [64_000, 1, 99_999], [7777, 7777, 120_000]):
+    for lens in REPLAY_LENGTHS[bs]:
         gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
         pool = kv.shape[0]
         idx = [torch.randperm(pool, generator=gen)[:L] for L in lens]
