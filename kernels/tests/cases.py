@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -127,6 +128,11 @@ def run_interpreted(script: str, *args: str) -> str:
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
+
+
+def interpreted_json(script: str, spec):
+    """What tests/<script> prints last, as JSON, when run by the interpreter on spec (as JSON)."""
+    return json.loads(run_interpreted(script, json.dumps(spec)).strip().splitlines()[-1])
 
 
 def rel_err(a, b):

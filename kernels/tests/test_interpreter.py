@@ -1,16 +1,16 @@
 """CPU: the kernels' logic (split plan, tree mask, online softmax, merge) through Triton's
 interpreter on small problems, against the float32 reference. Fresh random inputs each run;
 the output starts as NaN so an unwritten element fails."""
-import json
 
 import pytest
-from cases import peer_dir, run_interpreted
+from cases import interpreted_json, peer_dir, run_interpreted
 
 TOL = 1e-2  # bf16 inputs, bf16 P and bf16 output (see test_verify_gpu.py)
 
 
 def _run(spec):
-    return json.loads(run_interpreted("interp_check.py", json.dumps(spec)).strip().splitlines()[-1])
+    return interpreted_json("interp_check.py", spec)
+
 
 SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
 

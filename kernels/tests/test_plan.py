@@ -1,17 +1,16 @@
 """CPU: the plan kernel, through Triton's interpreter. Its slices must cover every prefix once, in
 slots the merge can find, and fit one wave of programs where that costs at most PLAN_FIT_PCT."""
 import importlib
-import json
 import random
 
-from cases import run_interpreted
+from cases import interpreted_json
 
 va = importlib.import_module("dflash_kernels.verify_attention")
 MIXED = [1024, 3000, 8192, 20000, 50000, 100000, 131072, 200000]  # bench_verify.py's batch of 8
 
 
 def run_plans(cases):
-    return json.loads(run_interpreted("interp_check.py", json.dumps(cases)).strip().splitlines()[-1])
+    return interpreted_json("interp_check.py", cases)
 
 
 def slices_of(plan, lens, ns):
