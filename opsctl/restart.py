@@ -123,6 +123,17 @@ def _rest_of_crash(read: Callable[[], list[str]], so_far: list[str], wait_s: flo
     return lines + read()
 
 
+def _late_lines(read: Callable[[], list[str]], polls: int = 8, every_s: float = 0.25) -> list[str]:
+    """Lines a dead run still has in flight: `polls` reads, or fewer when a fatal line arrives."""
+    lines: list[str] = []
+    for _ in range(polls):
+        time.sleep(every_s)
+        lines.extend(read())
+        if any(marker in line for line in lines for marker in FATAL_MARKERS):
+            break
+    return lines
+
+
 def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallback) -> StartReport:
     """Restart the unit and follow it until it serves, dies, or misses `budget_s`."""
     started = time.monotonic()
@@ -142,9 +153,10 @@ def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallba
         _systemctl("reset-failed", config.unit)
         _systemctl("restart", "--no-block", config.unit)
         baseline = None
-        while True:
-            elapsed = time.monotonic() - started
-            batch = new_run_lines()
+
+        def crash_in(batch: list[str], elapsed: float) -> StartReport | None:
+            """Follow the phase through `batch`; the crash report when it holds a fatal line."""
+            nonlocal phase
             for index, line in enumerate(batch):
                 phase = next((name for marker, name in PHASES if marker in line), phase)
                 if any(marker in line for marker in FATAL_MARKERS):
@@ -152,6 +164,12 @@ def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallba
                     seen.extend(_rest_of_crash(new_run_lines, batch[index:]))
                     return StartReport(False, f"the engine crashed while {phase}", elapsed, phase, seen)
             seen.extend(batch)
+            return None
+
+        while True:
+            elapsed = time.monotonic() - started
+            if report := crash_in(new_run_lines(), elapsed):
+                return report
             state = unit_state(config.unit)
             new_run = state.invocation != old_run or not state.invocation  # (no ID: a systemd without them)
             if baseline is None and new_run and state.active_state in ("activating", "active"):
@@ -168,6 +186,10 @@ def start_and_wait(config: NodeConfig, budget_s: float, progress: ProgressCallba
             # RestartSec); an old run in auto-restart is not this start's.
             died = state.dead and (new_run or state.active_state == "failed")
             if died or (baseline is not None and state.restarts > baseline):
+                # systemd can report the death before journald hands over the run's last lines:
+                # a crash among them names the cause better than the exit status does.
+                if report := crash_in(_late_lines(new_run_lines), elapsed):
+                    return report
                 return StartReport(False, f"the engine exited (status {state.exit_status}) while {phase}",
                                    elapsed, phase, seen)
             if elapsed > budget_s:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import math
 import os
+import subprocess
 import sys
 
 import torch
@@ -116,6 +118,21 @@ def run_peer(fn, case, out, k_scale=1.0, v_scale=1.0):
        case["kv_indptr"], case["kv_indices"], custom_mask, False, mask_indptr, case["max_q_len"],
        k_scale, v_scale, sm_scale=SM_SCALE, skip_prefix_custom_mask=True)
     return out
+
+
+def run_interpreted(script: str, *args: str) -> str:
+    """stdout of tests/<script> run by Triton's CPU interpreter in a fresh process (TRITON_INTERPRET
+    must be set before the kernels are defined); fails the test with its stderr when it fails."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), script), *args],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def interpreted_json(script: str, spec):
+    """What tests/<script> prints last, as JSON, when run by the interpreter on spec (as JSON)."""
+    return json.loads(run_interpreted(script, json.dumps(spec)).strip().splitlines()[-1])
 
 
 def rel_err(a, b):

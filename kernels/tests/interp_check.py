@@ -1,10 +1,12 @@
 """Runs the real Triton kernels on the CPU through Triton's interpreter and prints, as JSON, how
 far they land from the float32 reference; with "peer": true in the spec, SGLang's own
-extend_attention_fwd too (from the peer folder), on the same inputs. Started by
-test_interpreter.py in a fresh process, because TRITON_INTERPRET must be set before the kernels
+extend_attention_fwd too (from the peer folder), on the same inputs. Given a list of batches
+instead, it runs the plan kernel alone and prints the plan it wrote for each (test_plan.py).
+Started by the tests in a fresh process, because TRITON_INTERPRET must be set before the kernels
 are defined.
 
     TRITON_INTERPRET=1 python interp_check.py '{"lens": [40], "ts": [3], "heads": 2, ...}'
+    TRITON_INTERPRET=1 python interp_check.py '[{"lens": [40, 7], "num_splits": 4, "block_n": 32, "min_chunk": 64}]'
 """
 import json
 import os
@@ -22,11 +24,26 @@ interpreter_shim.install()
 import importlib  # noqa: E402
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 from cases import SM_SCALE, load_peer, make_case, rel_err, run_peer  # noqa: E402
 
 va = importlib.import_module("dflash_kernels.verify_attention")
 
+
+def written_plan(lens, num_splits, block_n, min_chunk):
+    """The plan kernel's output for one batch (the rows of the workspace's plan)."""
+    cfg = va.VerifyConfig(block_m=16, block_n=block_n, num_warps=4, num_stages=1, min_chunk=min_chunk)
+    kv_indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    plan = torch.full(va.workspace_shape(len(lens), 1, 1, num_splits)[2], -7, dtype=torch.int32)
+    fn, const, opts = va.plan_kernel(cfg, triton.next_power_of_2(max(len(lens), 2)))
+    fn[(1,)](kv_indptr, plan, len(lens), num_splits, **const, **opts)
+    return plan.tolist()
+
+
 spec = json.loads(sys.argv[1])
+if isinstance(spec, list):
+    print(json.dumps([written_plan(**batch) for batch in spec]))
+    sys.exit(0)
 cfg = va.VerifyConfig(**spec["config"])
 case = make_case(spec["lens"], spec["ts"], spec["heads"], mask=spec.get("mask", "tree"), device="cpu",
                  page_size=spec.get("page_size", 1), pool_extra=64,

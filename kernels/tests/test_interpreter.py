@@ -1,24 +1,15 @@
 """CPU: the kernels' logic (split plan, tree mask, online softmax, merge) through Triton's
 interpreter on small problems, against the float32 reference. Fresh random inputs each run;
 the output starts as NaN so an unwritten element fails."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
-from cases import peer_dir
+from cases import interpreted_json, peer_dir, run_interpreted
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = 1e-2  # bf16 inputs, bf16 P and bf16 output (see test_verify_gpu.py)
 
 
 def _run(spec):
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "interp_check.py"), json.dumps(spec)],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return interpreted_json("interp_check.py", spec)
 
 
 SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
@@ -62,11 +53,7 @@ def test_kernels_match_reference(spec):
 def test_mask_kernels_match_their_torch_ops():
     """The plugin's chain and tree mask kernels against the torch ops they replace: draft blocks
     across the 32-bit word boundary, empty and long prefixes, random bits in the prefix columns."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "interp_masks.py")], capture_output=True, text=True,
-                       env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["4"]
+    assert run_interpreted("interp_masks.py").split() == ["4"]
 
 
 @pytest.mark.skipif(peer_dir() is None, reason="SGLang peer kernels not fetched (fetch_peer.sh)")

@@ -1,24 +1,16 @@
 """CPU: the plan kernel, through Triton's interpreter. Its slices must cover every prefix once, in
 slots the merge can find, and fit one wave of programs where that costs at most PLAN_FIT_PCT."""
 import importlib
-import json
-import os
 import random
-import subprocess
-import sys
+
+from cases import interpreted_json
 
 va = importlib.import_module("dflash_kernels.verify_attention")
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 MIXED = [1024, 3000, 8192, 20000, 50000, 100000, 131072, 200000]  # bench_verify.py's batch of 8
 
 
 def run_plans(cases):
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "interp_plan.py"), json.dumps(cases)],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return interpreted_json("interp_check.py", cases)
 
 
 def slices_of(plan, lens, ns):

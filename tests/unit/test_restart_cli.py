@@ -333,6 +333,21 @@ def test_a_new_run_that_died_fails_the_start_before_systemd_retries_it(monkeypat
     assert not report.ok and "exited" in report.reason and looks == 3
 
 
+def test_a_crash_journald_hands_over_after_the_death_still_names_the_crash(monkeypatch):
+    """systemd can report the run dead before journald delivers its last lines (seen in CI: the
+    lab's OOM start read as "exited (status 137)"): the crash in those lines is the reason."""
+    crash = [("new", "[2026-12-01 06:53:01 TP0] Scheduler hit an exception: Traceback (most recent call last):"),
+             ("new", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB."),
+             ("new", "Received sigquit from a child process. It usually means the child failed.")]
+    report, looks = _start_and_wait(monkeypatch, [
+        ("active", "running", "old"), ("activating", "start", "new", "1300"),
+        ("activating", "auto-restart", "new")],
+        [[], [("new", "Load weight begin. avail mem=94.2 GB")], [], crash])
+    assert not report.ok and looks == 3
+    assert report.reason == "the engine crashed while loading weights", report.reason
+    assert any("CUDA out of memory" in line for line in report.journal)
+
+
 def test_a_run_in_auto_restart_is_waited_on_while_the_restart_job_is_queued(monkeypatch):
     """A run in auto-restart has died only once no job is queued: here (a systemd with no
     InvocationIDs, so every look is a "new" run) the queued restart job still starts the engine."""
