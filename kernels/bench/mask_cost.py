@@ -21,6 +21,7 @@ sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402,F401  (puts the package and the tests folder on sys.path)
 from cases import random_custom_mask  # noqa: E402
 from dflash_kernels import sglang_plugin  # noqa: E402
+from dflash_kernels._draft_mask import chain_mask  # noqa: E402
 from dflash_kernels.verify_attention import pack_custom_mask  # noqa: E402
 
 
@@ -42,8 +43,10 @@ def packings(bs: int, t: int, prefix: int) -> dict:
     n_tok = bs * t
     custom, mask_indptr = random_custom_mask(qo, kv)
     return {
+        # (the kernel itself: the plugin's call builds uniform chains, as here, once, and then
+        # launches nothing; see sglang_plugin.uniform_block_mask)
         "chain": (lambda: sglang_plugin.chain_or_full_mask_torch(qo, n_tok, t, True),
-                  lambda: sglang_plugin.chain_or_full_mask(qo, n_tok, t, True)),
+                  lambda: chain_mask(qo, n_tok, t, True)),
         "tree": (lambda: pack_custom_mask(custom, mask_indptr, qo, kv, t, num_tokens=n_tok),
                  lambda: sglang_plugin.packed_custom_mask(custom, mask_indptr, qo, kv, n_tok, t)),
     }

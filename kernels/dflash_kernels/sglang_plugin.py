@@ -190,12 +190,52 @@ def packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_token
 
 def chain_or_full_mask(qo_indptr, num_tokens: int, max_q_len: int, causal: bool):
     """Packed draft-block mask without a custom mask (DFlash's chains): lower-triangular (causal)
-    or all visible. On a GPU one small kernel builds it (this runs in every layer of every verify
-    step, where the torch ops of `chain_or_full_mask_torch` are some twenty launches)."""
+    or all visible. When every request has max_q_len draft tokens (DFlash's verify steps), it is
+    one block's rows repeated, built once (`uniform_block_mask`); otherwise, on a GPU, one small
+    kernel builds it (this runs in every layer of every verify step, where the torch ops of
+    `chain_or_full_mask_torch` are some twenty launches)."""
+    batch = qo_indptr.shape[0] - 1
+    # (num_tokens rows, none of the batch's requests longer than max_q_len: all of them are)
+    if batch > 0 and num_tokens == batch * max_q_len:
+        mask = uniform_block_mask(num_tokens, max_q_len, causal, qo_indptr.device)
+        if mask is not None:
+            return mask
     if not qo_indptr.is_cuda or num_tokens == 0:
         return chain_or_full_mask_torch(qo_indptr, num_tokens, max_q_len, causal)
     from ._draft_mask import chain_mask
     return chain_mask(qo_indptr, num_tokens, max_q_len, causal)
+
+
+# (device, draft length, causal) -> the masks built for it, the largest last. A smaller one stays
+# alive when a larger one replaces it: a CUDA graph captured with it still reads it.
+_UNIFORM_MASKS: dict = {}
+
+
+def uniform_block_mask(num_tokens: int, draft_len: int, causal: bool, device):
+    """The packed mask of num_tokens // draft_len requests of draft_len tokens each: the same for
+    every layer and step, so it is built once, and no kernel runs for it in a verify step (it
+    cost 1.0-1.7 us a layer, RESULTS.md session 16). None during a CUDA graph capture that
+    would have to build it: a tensor filled there holds nothing until the graph runs, so the
+    caller's kernel is captured instead (SGLang runs each batch size eagerly before capturing it,
+    so this does not happen there)."""
+    import torch
+    key = (device, draft_len, bool(causal))
+    built = _UNIFORM_MASKS.setdefault(key, [])
+    if not built or built[-1].shape[0] < num_tokens:
+        if _capturing(device):
+            return None
+        rows = max(num_tokens, 2 * built[-1].shape[0] if built else 0)  # (multiples of draft_len)
+        qo = torch.arange(0, rows + 1, draft_len, dtype=torch.int32, device=device)
+        built.append(chain_or_full_mask_torch(qo, rows, draft_len, causal))
+        if device.type == "cuda":
+            # built on this stream; the first call that reads it may run on another
+            torch.cuda.current_stream(device).synchronize()
+    return built[-1][:num_tokens]
+
+
+def _capturing(device) -> bool:
+    import torch
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def chain_or_full_mask_torch(qo_indptr, num_tokens: int, max_q_len: int, causal: bool):

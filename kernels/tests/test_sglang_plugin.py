@@ -371,6 +371,38 @@ def test_chain_or_full_mask():
     assert m[:, 0].tolist() == [7, 7, 7, 3, 3]
 
 
+def test_uniform_draft_blocks_share_one_mask_built_once(monkeypatch):
+    """DFlash's verify steps give every request the same draft length: its mask is built once
+    and handed out as views, in every layer and step, and still equals the per-row reference."""
+    monkeypatch.setattr(plugin, "_UNIFORM_MASKS", {})
+    for causal in (True, False):
+        for batch, t in ((4, 16), (1, 16), (8, 16), (3, 40)):
+            qo = torch.arange(0, batch * t + 1, t, dtype=torch.int32)
+            got = plugin.chain_or_full_mask(qo, batch * t, t, causal)
+            assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, batch * t, t, causal)), (batch, t, causal)
+    built = plugin._UNIFORM_MASKS[(torch.device("cpu"), 16, True)]
+    # bs 4 built it, bs 1 took a view of it, bs 8 built a larger one and kept the first alive
+    assert [m.shape[0] for m in built] == [64, 128]
+    again = plugin.chain_or_full_mask(torch.arange(0, 33, 16, dtype=torch.int32), 32, 16, True)
+    assert again.data_ptr() == built[-1].data_ptr() and len(built) == 2
+    # blocks of different lengths are not uniform: the per-row mask, and nothing cached
+    qo = torch.tensor([0, 16, 17, 32], dtype=torch.int32)
+    got = plugin.chain_or_full_mask(qo, 32, 16, True)
+    assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, 32, 16, True))
+    assert got.data_ptr() != built[-1].data_ptr()
+
+
+def test_a_uniform_mask_is_not_built_inside_a_graph_capture(monkeypatch):
+    """A tensor filled during a capture holds nothing until the graph runs: the mask is then
+    made by the call's own (captured) ops."""
+    monkeypatch.setattr(plugin, "_UNIFORM_MASKS", {})
+    monkeypatch.setattr(plugin, "_capturing", lambda device: True)
+    qo = torch.arange(0, 33, 16, dtype=torch.int32)
+    assert plugin.uniform_block_mask(32, 16, True, qo.device) is None
+    assert torch.equal(plugin.chain_or_full_mask(qo, 32, 16, True), plugin.chain_or_full_mask_torch(qo, 32, 16, True))
+    assert plugin._UNIFORM_MASKS == {(torch.device("cpu"), 16, True): []}
+
+
 def test_the_benchmark_takes_an_installed_sglangs_kernel_without_the_peer_folder(tmp_path, monkeypatch):
     """In the engine image there is no peer folder, but SGLang itself: bench_verify.py then times
     the image's own extend_attention_fwd beside ours."""
