@@ -56,8 +56,12 @@ class MlaVerify:
     else whatever ``fallback`` returns (False when there is none: SGLang then runs
     ``extend_attention_fwd``)."""
 
-    def __init__(self, fallback=None):
+    def __init__(self, fallback=None, uniform_widths: bool = False):
         self.fallback = fallback
+        # SGLang gives every request of a verify step the same draft length, and replays a
+        # graph only at the width it captured (`uniform_verify_widths`): a chain mask can then be
+        # built once (`uniform_block_mask`)
+        self.uniform_widths = uniform_widths
         # one workspace per (device, heads, draft length, splits), sized for the largest batch
         # seen or announced (max_bs); a smaller batch uses its first slots. A workspace that a
         # larger batch replaces stays alive: a CUDA graph captured with it still writes there.
@@ -169,7 +173,7 @@ class MlaVerify:
         if custom_mask is not None:
             tree = packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len)
         else:
-            tree = chain_or_full_mask(qo_indptr, n_tok, max_q_len, causal)
+            tree = chain_or_full_mask(qo_indptr, n_tok, max_q_len, causal, uniform_widths=self.uniform_widths)
         cfg, ns, mq = va.plan(q, batch, max_q_len, kv_dtype=k_buffer.dtype)
         ws = self._workspace(va, q.device, batch, h, mq, ns, max_bs)
         scale = sm_scale if sm_scale is not None else 576 ** -0.5  # SGLang's default: 1/sqrt(Lq)
@@ -188,15 +192,18 @@ def packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_token
     return tree_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens, max_q_len)
 
 
-def chain_or_full_mask(qo_indptr, num_tokens: int, max_q_len: int, causal: bool):
+def chain_or_full_mask(qo_indptr, num_tokens: int, max_q_len: int, causal: bool, uniform_widths: bool = False):
     """Packed draft-block mask without a custom mask (DFlash's chains): lower-triangular (causal)
-    or all visible. When every request has max_q_len draft tokens (DFlash's verify steps), it is
-    one block's rows repeated, built once (`uniform_block_mask`); otherwise, on a GPU, one small
-    kernel builds it (this runs in every layer of every verify step, where the torch ops of
-    `chain_or_full_mask_torch` are some twenty launches)."""
+    or all visible. When the caller knows that SGLang gives every request the same draft length
+    (`uniform_widths`, see `uniform_verify_widths`) and the shapes say it is max_q_len, the mask is
+    one block's rows repeated, built once (`uniform_block_mask`). Otherwise, on a GPU, one small
+    kernel builds it from qo_indptr (this runs in every layer of every verify step, where the
+    torch ops of `chain_or_full_mask_torch` are some twenty launches)."""
     batch = qo_indptr.shape[0] - 1
-    # (num_tokens rows, none of the batch's requests longer than max_q_len: all of them are)
-    if batch > 0 and num_tokens == batch * max_q_len:
+    # (num_tokens rows, none of the batch's requests longer than max_q_len: all of them are. The
+    # shapes alone do not suffice: a graph replays with qo_indptr's new contents, and a padded
+    # ragged layout has more rows than tokens; hence the caller's word.)
+    if uniform_widths and batch > 0 and num_tokens == batch * max_q_len:
         mask = uniform_block_mask(num_tokens, max_q_len, causal, qo_indptr.device)
         if mask is not None:
             return mask
@@ -231,6 +238,20 @@ def uniform_block_mask(num_tokens: int, draft_len: int, causal: bool, device):
             # built on this stream; the first call that reads it may run on another
             torch.cuda.current_stream(device).synchronize()
     return built[-1][:num_tokens]
+
+
+def uniform_verify_widths(model_runner) -> bool:
+    """Whether this server's verify steps give every request the same draft length. SGLang 0.5.23
+    fills target-verify's qo_indptr with arange(0, (bs + 1) * t, t) and replays a verify graph
+    only at its captured width; the exception is an algorithm with per-request verify lengths
+    (`supports_ragged_verify`: DSpark's). False when the runner cannot say."""
+    ask = getattr(getattr(model_runner, "spec_algorithm", None), "supports_ragged_verify", None)
+    if ask is None:
+        return False
+    try:
+        return not ask()
+    except Exception:  # noqa: BLE001 - an algorithm object unlike 0.5.23's: assume ragged
+        return False
 
 
 def _capturing(device) -> bool:
@@ -311,8 +332,9 @@ def patch_backend_class(cls) -> bool:
         orig_init(self, *args, **kwargs)
         if not (enabled() and getattr(self, "use_mla", False)):
             return
+        model_runner = args[0] if args else kwargs.get("model_runner")
         try:
-            verdict = card_verdict(self, args[0] if args else kwargs.get("model_runner"))
+            verdict = card_verdict(self, model_runner)
         except Exception:  # noqa: BLE001 - no check, no kernel; the server starts on SGLang's path
             logging.getLogger(__name__).exception("%s: the verify kernel's self-check could not run; SGLang's "
                                                   "own verify path serves", __name__)
@@ -325,7 +347,7 @@ def patch_backend_class(cls) -> bool:
             prev = getattr(self, "verify_shared_kv_fwd", None)
         elif getattr(self, "use_verify_splitkv", False):
             prev = getattr(self, "verify_splitkv_fwd", None)
-        fn = MlaVerify(fallback=prev)
+        fn = MlaVerify(fallback=prev, uniform_widths=uniform_verify_widths(model_runner))
         try:  # the backend wraps its own verify kernels the same way
             import torch
             fn_wrapped = torch.compiler.disable(fn)

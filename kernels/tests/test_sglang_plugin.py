@@ -378,18 +378,45 @@ def test_uniform_draft_blocks_share_one_mask_built_once(monkeypatch):
     for causal in (True, False):
         for batch, t in ((4, 16), (1, 16), (8, 16), (3, 40)):
             qo = torch.arange(0, batch * t + 1, t, dtype=torch.int32)
-            got = plugin.chain_or_full_mask(qo, batch * t, t, causal)
+            got = plugin.chain_or_full_mask(qo, batch * t, t, causal, uniform_widths=True)
             assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, batch * t, t, causal)), (batch, t, causal)
     built = plugin._UNIFORM_MASKS[(torch.device("cpu"), 16, True)]
     # bs 4 built it, bs 1 took a view of it, bs 8 built a larger one and kept the first alive
     assert [m.shape[0] for m in built] == [64, 128]
-    again = plugin.chain_or_full_mask(torch.arange(0, 33, 16, dtype=torch.int32), 32, 16, True)
+    again = plugin.chain_or_full_mask(torch.arange(0, 33, 16, dtype=torch.int32), 32, 16, True, uniform_widths=True)
     assert again.data_ptr() == built[-1].data_ptr() and len(built) == 2
     # blocks of different lengths are not uniform: the per-row mask, and nothing cached
     qo = torch.tensor([0, 16, 17, 32], dtype=torch.int32)
+    got = plugin.chain_or_full_mask(qo, 32, 16, True, uniform_widths=True)
+    assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, 32, 16, True))
+    assert got.data_ptr() != built[-1].data_ptr()
+    # a padded ragged layout (DSpark's): 2 requests of 10 and 12 tokens in 32 rows of width 16;
+    # the shapes look uniform, only the caller knows better
+    qo = torch.tensor([0, 10, 22], dtype=torch.int32)
     got = plugin.chain_or_full_mask(qo, 32, 16, True)
     assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, 32, 16, True))
     assert got.data_ptr() != built[-1].data_ptr()
+
+
+def _runner(supports_ragged_verify):
+    algorithm = type("SpeculativeAlgorithm", (), {})()
+    if supports_ragged_verify is not None:
+        algorithm.supports_ragged_verify = lambda: supports_ragged_verify
+    return type("ModelRunner", (), {"spec_algorithm": algorithm})()
+
+
+def test_only_an_algorithm_without_ragged_verify_gets_the_built_once_mask(monkeypatch):
+    """SGLang 0.5.23 says per algorithm whether a verify step may give requests different draft
+    lengths (DSpark's may): the backend's verify call learns it when the plugin installs it."""
+    assert plugin.uniform_verify_widths(_runner(False)) is True
+    assert plugin.uniform_verify_widths(_runner(True)) is False
+    assert plugin.uniform_verify_widths(_runner(None)) is False  # an SGLang that cannot say
+    assert plugin.uniform_verify_widths(None) is False
+    monkeypatch.setenv(plugin.ENV, "1")
+    cls = _fresh_fake()
+    plugin.patch_backend_class(cls)
+    assert cls(_runner(False)).dflash_verify.uniform_widths is True
+    assert cls(model_runner=_runner(True)).dflash_verify.uniform_widths is False
 
 
 def test_a_uniform_mask_is_not_built_inside_a_graph_capture(monkeypatch):

@@ -295,14 +295,16 @@ def test_every_candidate_config(cfg):
 
 def test_draft_mask_kernel_matches_the_torch_mask():
     """The plugin's one-kernel chain mask against its torch ops, over batches whose draft blocks
-    cross the 32-bit word boundary; [16] and [5] * 48 take the mask built once for uniform
-    draft blocks (`uniform_block_mask`), on the card."""
+    cross the 32-bit word boundary; with `uniform_widths`, [16] and [5] * 48 take the mask built
+    once for uniform draft blocks (`uniform_block_mask`), on the card, and the others the kernel."""
     from dflash_kernels.sglang_plugin import chain_or_full_mask, chain_or_full_mask_torch
     for lengths in ([16], [1, 16, 3], [64, 33, 1, 40], [5] * 48):
         qo = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
         for causal in (True, False):
-            got = chain_or_full_mask(qo, int(qo[-1]), max(lengths), causal)
-            assert torch.equal(got, chain_or_full_mask_torch(qo, int(qo[-1]), max(lengths), causal)), (lengths, causal)
+            want = chain_or_full_mask_torch(qo, int(qo[-1]), max(lengths), causal)
+            for uniform_widths in (False, True):
+                got = chain_or_full_mask(qo, int(qo[-1]), max(lengths), causal, uniform_widths=uniform_widths)
+                assert torch.equal(got, want), (lengths, causal, uniform_widths)
 
 
 def test_tree_mask_kernel_matches_pack_custom_mask():
