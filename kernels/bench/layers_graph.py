@@ -1,7 +1,7 @@
 """Verify attention per layer inside one CUDA graph of several layers, beside one call per graph.
 
     python kernels/bench/layers_graph.py [--layers 8] [--points 1024:16,32768:16,131072:16,...]
-                                         [--variant NAME]
+                                         [--variant NAME] [--plugin]
 
 SGLang captures a whole verify step (every layer) in one CUDA graph, so a layer's attention does
 not pay a graph launch of its own. bench_verify.py times one call captured alone, which does
@@ -9,6 +9,11 @@ not pay a graph launch of its own. bench_verify.py times one call captured alone
 output (as N layers have; they share one workspace, as the SGLang plugin's calls do), are captured
 in one graph; the replay's median time divided by N is the per-layer figure. Both figures are
 printed, with the floor of bench_verify.py (both ceilings measured in this run).
+
+With --plugin, each layer calls the SGLang plugin's `MlaVerify` as SGLang's Triton backend does
+(DFlash's chains: no custom mask, causal), which packs the mask itself: once with the mask
+kernel in every layer, once with the mask built once for uniform draft lengths
+(`uniform_widths`), beside the launcher with a mask packed beforehand.
 """
 from __future__ import annotations
 
@@ -25,23 +30,35 @@ sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402  (puts the package and the tests folder on sys.path)
 import sweep_verify  # noqa: E402
 from cases import SM_SCALE, make_case  # noqa: E402
+from dflash_kernels.sglang_plugin import MlaVerify  # noqa: E402
 
 va = bv.va
 
 
-def per_layer_us(lens, t, h, layers, cfg):
-    """(one call in its own graph, per layer in a graph of `layers` calls), us."""
-    cases = [make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024)
+def per_layer_us(lens, t, h, layers, cfg, form="launcher"):
+    """(one call in its own graph, per layer in a graph of `layers` calls), us. form: "launcher"
+    (verify_attention, mask packed beforehand), "plugin" or "plugin-uniform" (MlaVerify, chains)."""
+    chains = form != "launcher" or t <= 16
+    cases = [make_case(lens, [t] * len(lens), h, mask="chain" if chains else "tree", pool_extra=1024)
              for _ in range(layers)]
     _, ns, _ = va.plan(cases[0]["q"], len(lens), t, None, cfg)
     ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
     outs = [torch.empty(c["q"].shape[0], h, 512, dtype=torch.bfloat16, device="cuda") for c in cases]
+    plugin_call = MlaVerify(uniform_widths=form == "plugin-uniform")
 
     def call(i):
         c = cases[i]
-        va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"],
-                            c["qo_indptr"], c["tree_mask"], SM_SCALE, out=outs[i], workspace=ws,
-                            max_q_len=t, num_splits=ns, config=cfg)
+        if form == "launcher":
+            va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"],
+                                c["qo_indptr"], c["tree_mask"], SM_SCALE, out=outs[i], workspace=ws,
+                                max_q_len=t, num_splits=ns, config=cfg)
+            return
+        n = c["q"].shape[0]
+        k_buffer = c["kv_cache"].view(-1, 1, va.D_LATENT)  # SGLang's MLA pool, V a view of its rows
+        k = c["k_extend"].view(n, 1, va.D_LATENT)
+        served = plugin_call(c["q"], k, k, outs[i], k_buffer, k_buffer[..., :512], c["qo_indptr"], c["kv_indptr"],
+                             c["kv_indices"], None, True, None, t, sm_scale=SM_SCALE, max_bs=len(lens))
+        assert served, plugin_call.last_reason
 
     one = bv.graph_ms(lambda: call(0))
     for i in range(layers):  # compile and warm up outside the capture
@@ -61,6 +78,7 @@ def main():
     ap.add_argument("--points", default="1024:16,32768:16,65536:16,131072:16,200000:16,131072:64",
                     help="L:t or L1+L2+...:t, comma-separated")
     ap.add_argument("--variant", default=None, help="a sweep_verify.py variant (default: the plan's choice)")
+    ap.add_argument("--plugin", action="store_true", help="also per layer through the SGLang plugin (chains)")
     a = ap.parse_args()
     cfg = sweep_verify.VARIANTS[a.variant] if a.variant else None
     torch.manual_seed(0)
@@ -76,6 +94,12 @@ def main():
         rows.append(dict(lens=list(lens), t=t, one_call_graph_us=one, per_layer_us=per, floor_us=floor))
         print(f"L={'+'.join(map(str, lens))} t={t}: one call per graph {one:.1f} us, per layer in a graph of "
               f"{a.layers} {per:.1f} us, floor {floor:.1f} us ({100 * floor / per:.1f}% of it per layer)", flush=True)
+        if a.plugin:
+            for form in ("plugin", "plugin-uniform"):
+                rows[-1][f"{form}_per_layer_us"] = per_layer_us(lens, t, 8, a.layers, cfg, form)[1]
+            print(f"  through the plugin (chains), per layer: mask kernel in each layer "
+                  f"{rows[-1]['plugin_per_layer_us']:.1f} us, mask built once "
+                  f"{rows[-1]['plugin-uniform_per_layer_us']:.1f} us", flush=True)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "layers_graph.json"), "w") as f:
