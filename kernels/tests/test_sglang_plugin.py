@@ -426,7 +426,8 @@ def test_a_uniform_mask_is_not_built_inside_a_graph_capture(monkeypatch):
     monkeypatch.setattr(plugin, "_capturing", lambda device: True)
     qo = torch.arange(0, 33, 16, dtype=torch.int32)
     assert plugin.uniform_block_mask(32, 16, True, qo.device) is None
-    assert torch.equal(plugin.chain_or_full_mask(qo, 32, 16, True), plugin.chain_or_full_mask_torch(qo, 32, 16, True))
+    got = plugin.chain_or_full_mask(qo, 32, 16, True, uniform_widths=True)
+    assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, 32, 16, True))
     assert plugin._UNIFORM_MASKS == {(torch.device("cpu"), 16, True): []}
 
 
