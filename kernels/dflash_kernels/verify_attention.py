@@ -93,6 +93,15 @@ def _online_softmax_step(q_nope, q_pe, kn, kp, visible, m_i, l_i, acc, qk_scale)
     return m_new, l_i, acc
 
 
+@triton.jit
+def _base_chunk(total, NUM_SPLITS, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The plan's base slice length for `total` prefix latents: total / NUM_SPLITS rounded up to
+    whole tiles, and at least MIN_CHUNK (rounded up to whole tiles). One expression for the plan
+    kernel and for a one-request program that cuts its own slice (_program_slice), which must
+    agree on it."""
+    return tl.maximum(tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N), tl.cdiv(MIN_CHUNK, BLOCK_N)) * BLOCK_N
+
+
 @triton.jit(do_not_specialize=["BATCH", "NUM_SPLITS"])
 def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.constexpr,
                         BLOCK_N: tl.constexpr, BS_PAD: tl.constexpr, SLOT_BLOCK: tl.constexpr,
@@ -112,8 +121,7 @@ def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.conste
     start = tl.load(KV_INDPTR + offs_b, mask=b_ok, other=0)
     lens = tl.load(KV_INDPTR + offs_b + 1, mask=b_ok, other=0) - start
     total = tl.sum(lens, 0)
-    chunk0 = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    chunk0 = tl.maximum(chunk0, tl.cdiv(MIN_CHUNK, BLOCK_N) * BLOCK_N)
+    chunk0 = _base_chunk(total, NUM_SPLITS, MIN_CHUNK, BLOCK_N)
     # The plan kernel is on every call's critical path, so the search below (a reduction a step,
     # about 0.1 us) runs only for a batch whose slices do not fit as cut and do fit when
     # FIT_PCT percent longer: a binary search, in tiles, for the smallest such chunk (the slice
@@ -166,7 +174,7 @@ def _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.cons
         hi = 0
     elif BATCH == 1:
         length = tl.load(KV_INDPTR + 1) - tl.load(KV_INDPTR)
-        chunk = tl.maximum(tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N), tl.cdiv(MIN_CHUNK, BLOCK_N)) * BLOCK_N
+        chunk = _base_chunk(length, NUM_SPLITS, MIN_CHUNK, BLOCK_N)
         lo = pid_s * chunk
         hi = tl.minimum(lo + chunk, length)
         b = tl.where(lo < length, 0, 1)  # 1 = BATCH: a slot past the last slice
