@@ -10,10 +10,9 @@ output (as N layers have; they share one workspace, as the SGLang plugin's calls
 in one graph; the replay's median time divided by N is the per-layer figure. Both figures are
 printed, with the floor of bench_verify.py (both ceilings measured in this run).
 
-With --plugin, each layer calls the SGLang plugin's `MlaVerify` as SGLang's Triton backend does
-(DFlash's chains: no custom mask, causal), which packs the mask itself: once with the mask
-kernel in every layer, once with the mask built once for uniform draft lengths
-(`uniform_widths`), beside the launcher with a mask packed beforehand.
+With --plugin, each layer also calls the SGLang plugin's `MlaVerify` as SGLang's Triton backend
+does (DFlash's chains: no custom mask, causal; every call reads the draft block the plugin built
+once), beside the launcher with a mask packed beforehand.
 """
 from __future__ import annotations
 
@@ -37,14 +36,14 @@ va = bv.va
 
 def per_layer_us(lens, t, h, layers, cfg, form="launcher"):
     """(one call in its own graph, per layer in a graph of `layers` calls), us. form: "launcher"
-    (verify_attention, mask packed beforehand), "plugin" or "plugin-uniform" (MlaVerify, chains)."""
+    (verify_attention, mask packed beforehand) or "plugin" (MlaVerify, chains)."""
     chains = form != "launcher" or t <= 16
     cases = [make_case(lens, [t] * len(lens), h, mask="chain" if chains else "tree", pool_extra=1024)
              for _ in range(layers)]
     _, ns, _ = va.plan(cases[0]["q"], len(lens), t, None, cfg)
     ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
     outs = [torch.empty(c["q"].shape[0], h, 512, dtype=torch.bfloat16, device="cuda") for c in cases]
-    plugin_call = MlaVerify(uniform_widths=form == "plugin-uniform")
+    plugin_call = MlaVerify()
 
     def call(i):
         c = cases[i]
@@ -95,11 +94,8 @@ def main():
         print(f"L={'+'.join(map(str, lens))} t={t}: one call per graph {one:.1f} us, per layer in a graph of "
               f"{a.layers} {per:.1f} us, floor {floor:.1f} us ({100 * floor / per:.1f}% of it per layer)", flush=True)
         if a.plugin:
-            for form in ("plugin", "plugin-uniform"):
-                rows[-1][f"{form}_per_layer_us"] = per_layer_us(lens, t, 8, a.layers, cfg, form)[1]
-            print(f"  through the plugin (chains), per layer: mask kernel in each layer "
-                  f"{rows[-1]['plugin_per_layer_us']:.1f} us, mask built once "
-                  f"{rows[-1]['plugin-uniform_per_layer_us']:.1f} us", flush=True)
+            rows[-1]["plugin_per_layer_us"] = per_layer_us(lens, t, 8, a.layers, cfg, "plugin")[1]
+            print(f"  through the plugin (chains), per layer: {rows[-1]['plugin_per_layer_us']:.1f} us", flush=True)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "layers_graph.json"), "w") as f:

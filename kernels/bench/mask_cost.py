@@ -1,11 +1,12 @@
-"""What packing the draft-block mask costs a verify step: the plugin packs it in every layer.
+"""What packing DDTree's tree mask costs a verify step: the plugin packs it in every layer.
 
     python kernels/bench/mask_cost.py [--layers 61] [--batches 1,8,48] [--draft-tokens 16] [--prefix 32768]
 
-For DFlash's chains (no custom mask) and DDTree's trees (SGLang's flat custom mask), `layers`
-packings are captured in one CUDA graph, as SGLang captures a whole verify step, once with the
-torch ops (`chain_or_full_mask_torch`, `pack_custom_mask`) and once with the plugin's kernels
-(`_draft_mask.py`); the replay's median time is printed per step and per layer.
+For DDTree's trees (SGLang's flat custom mask), `layers` packings are captured in one CUDA graph,
+as SGLang captures a whole verify step, once with the torch ops (`pack_custom_mask`) and once
+with the plugin's kernel (`_draft_mask.py`); the replay's median time is printed per step and
+per layer. (DFlash's chains cost nothing here: every call reads one draft block built once,
+`sglang_plugin.shared_draft_block`.)
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402,F401  (puts the package and the tests folder on sys.path)
 from cases import random_custom_mask  # noqa: E402
 from dflash_kernels import sglang_plugin  # noqa: E402
-from dflash_kernels._draft_mask import chain_mask  # noqa: E402
 from dflash_kernels.verify_attention import pack_custom_mask  # noqa: E402
 
 
@@ -37,16 +37,12 @@ def step_us(pack, layers: int) -> float:
 
 
 def packings(bs: int, t: int, prefix: int) -> dict:
-    """kind -> (torch ops, the plugin's kernel) packing the mask of bs requests of t draft tokens."""
+    """kind -> (torch ops, the plugin's kernel) packing the tree mask of bs requests of t draft tokens."""
     qo = torch.arange(0, (bs + 1) * t, t, dtype=torch.int32, device="cuda")
     kv = torch.arange(0, (bs + 1) * prefix, prefix, dtype=torch.int32, device="cuda")
     n_tok = bs * t
     custom, mask_indptr = random_custom_mask(qo, kv)
     return {
-        # (the kernel itself: the plugin's call builds uniform chains, as here, once, and then
-        # launches nothing; see sglang_plugin.uniform_block_mask)
-        "chain": (lambda: sglang_plugin.chain_or_full_mask_torch(qo, n_tok, t, True),
-                  lambda: chain_mask(qo, n_tok, t, True)),
         "tree": (lambda: pack_custom_mask(custom, mask_indptr, qo, kv, t, num_tokens=n_tok),
                  lambda: sglang_plugin.packed_custom_mask(custom, mask_indptr, qo, kv, n_tok, t)),
     }

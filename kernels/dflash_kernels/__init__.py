@@ -3,6 +3,7 @@ from .verify_attention import (  # noqa: F401
     VerifyConfig,
     alloc_workspace,
     chain_tree_mask,
+    draft_block_mask,
     pack_custom_mask,
     pack_tree_masks,
     reference_verify_attention,

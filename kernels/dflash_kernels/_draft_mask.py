@@ -1,15 +1,15 @@
-"""The packed draft-block mask, in one small kernel a verify call: bit j of word w of token row r
-is column 32 w + j of r's request's draft block (verify_attention's layout, `_pack_bits`).
+"""SGLang's custom mask (DDTree's trees) packed for the kernel, in one small kernel a verify
+call: bit j of word w of token row r is column 32 w + j of r's request's draft block
+(verify_attention's layout, `_pack_bits`).
 
 SGLang's verify calls the attention backend once a layer (61 in Kimi K2.6) with the same mask,
 so its packing is paid 61 times a step: as torch ops (some twenty launches) it cost 1.7-2.7 ms
-a step on the H200, as one kernel 60-100 us (RESULTS.md, session 15). Two kernels:
+a step on the H200, as one kernel 60-100 us (RESULTS.md, session 15). Requests without a custom
+mask (DFlash's chains) need no kernel: they share one draft block built once
+(`sglang_plugin.shared_draft_block`, RESULTS.md session 25).
 
-  * chain_mask_kernel: requests without a custom mask (DFlash's chains, or all visible);
-  * tree_mask_kernel: SGLang's flat custom mask (DDTree's trees), the draft columns of each row.
-
-Neither specialises on its pointers' alignment (byte gathers gain nothing from it), so one
-prebuilt binary serves any tensor SGLang passes.
+The kernel does not specialise on its pointers' alignment (byte gathers gain nothing from it),
+so one prebuilt binary serves any tensor SGLang passes.
 """
 from __future__ import annotations
 
@@ -27,27 +27,7 @@ PREBUILT_WORDS = (1, 2)
 
 
 # batch is not specialised (Triton would key batch = 1 and multiples of 16 apart), so one
-# binary a (WORDS, BS_PAD, CAUSAL) serves every batch of its bucket
-@triton.jit(do_not_specialize=["batch"], do_not_specialize_on_alignment=["qo_indptr", "out"])
-def chain_mask_kernel(qo_indptr, out, batch, WORDS: tl.constexpr, BS_PAD: tl.constexpr, CAUSAL: tl.constexpr):
-    """One program a token row: find its request, then write its WORDS mask words."""
-    row = tl.program_id(0)
-    requests = tl.arange(0, BS_PAD)
-    ends = tl.load(qo_indptr + 1 + requests, mask=requests < batch, other=2**30)
-    b = tl.sum((ends <= row).to(tl.int32))  # the requests that end at or before this row
-    start = tl.load(qo_indptr + b)
-    t = tl.load(qo_indptr + b + 1) - start
-    i = row - start
-    bit = tl.arange(0, 32)
-    for w in tl.static_range(WORDS):
-        column = w * 32 + bit
-        visible = column < t
-        if CAUSAL:
-            visible = visible & (column <= i)
-        # distinct bits: their sum is their OR (bit 31 makes the int32 negative, as _pack_bits does)
-        tl.store(out + row * WORDS + w, tl.sum(visible.to(tl.int32) << bit))
-
-
+# binary a (WORDS, BS_PAD) serves every batch of its bucket
 @triton.jit(do_not_specialize=["batch"],
             do_not_specialize_on_alignment=["custom_mask", "mask_indptr", "qo_indptr", "kv_indptr", "out"])
 def tree_mask_kernel(custom_mask, mask_indptr, qo_indptr, kv_indptr, out, batch,
@@ -69,20 +49,6 @@ def tree_mask_kernel(custom_mask, mask_indptr, qo_indptr, kv_indptr, out, batch,
         inside = (column < t) & (i < t)
         visible = (tl.load(custom_mask + first + column, mask=inside, other=0) != 0) & inside
         tl.store(out + row * WORDS + w, tl.sum(visible.to(tl.int32) << bit))
-
-
-def chain_mask_constexprs(batch: int, max_q_len: int, causal: bool) -> dict:
-    """The kernel's constexprs for one launch; the AOT build compiles the same ones."""
-    return dict(WORDS=-(-max_q_len // 32), BS_PAD=triton.next_power_of_2(max(batch, 2)), CAUSAL=bool(causal))
-
-
-def chain_mask(qo_indptr: torch.Tensor, num_tokens: int, max_q_len: int, causal: bool) -> torch.Tensor:
-    """(num_tokens, ceil(max_q_len / 32)) int32 mask words of the requests of int32 qo_indptr."""
-    batch = qo_indptr.shape[0] - 1
-    const = chain_mask_constexprs(batch, max_q_len, causal)
-    out = torch.empty(num_tokens, const["WORDS"], dtype=torch.int32, device=qo_indptr.device)
-    chain_mask_kernel[(num_tokens,)](qo_indptr, out, batch, **const)
-    return out
 
 
 def tree_mask_constexprs(batch: int, max_q_len: int) -> dict:

@@ -41,7 +41,7 @@ _SPLIT_SIG = {
     "QO_INDPTR": "*i32", "TREE_MASK": "*i32", "PLAN": "*i32", "PART_O": "*fp32", "PART_LSE": "*fp32",
     "qk_scale": "fp32",
     "stride_qt": "i32", "stride_qh": "i32", "stride_kext": "i32", "stride_kv": "i32",
-    "stride_mask": "i32", "rows_max": "i32", "NUM_SPLITS": "i32", "BATCH": "i32",
+    "stride_mask": "i32", "stride_mask_req": "i32", "rows_max": "i32", "NUM_SPLITS": "i32", "BATCH": "i32",
 }
 # the split kernels that read scaled pools take the pool's scales (va.takes_scales)
 _SCALES_SIG = {"k_scale": "fp32", "v_scale": "fp32"}
@@ -52,9 +52,8 @@ KV_POOL_TYPES = {"": "*bf16", "_fp8e4m3": "*fp8e4nv", "_fp8e5m2": "*fp8e5"}
 
 # kv_indices types the split kernel is built for: name suffix -> Triton's pointer type
 INDEX_TYPES = {"": "*i32", "_i64": "*i64"}
-# the plugin's draft-block mask kernels: DFlash's chains (no custom mask), DDTree's trees
-# (SGLang's custom mask, bytes); neither specialises on alignment, so no divisibility is assumed
-_CHAIN_MASK_SIG = {"qo_indptr": "*i32", "out": "*i32", "batch": "i32"}
+# the plugin's mask kernel for DDTree's trees (SGLang's custom mask, bytes; DFlash's chains need
+# none); it does not specialise on alignment, so no divisibility is assumed
 _TREE_MASK_SIG = {"custom_mask": "*u8", "mask_indptr": "*i64", "qo_indptr": "*i32", "kv_indptr": "*i32",
                   "out": "*i32", "batch": "i32"}
 
@@ -111,18 +110,11 @@ def merge_name(tile: va.MergeTile, write_lse: bool) -> str:
 
 
 def _draft_mask_specs(bs_pad: int):
-    """The draft-block mask kernels for one batch bucket: each word count, the chain's causal or
-    not, and the tree's (compiled with Triton's default launch options, as the plugin launches
-    them)."""
-    specs = []
-    for words in _draft_mask.PREBUILT_WORDS:
-        for causal in (False, True):
-            const = _draft_mask.chain_mask_constexprs(bs_pad, 32 * words, causal)
-            name = f"draft_mask_w{words}" + ("_causal" if causal else "")
-            specs.append((name, _draft_mask.chain_mask_kernel, _CHAIN_MASK_SIG, const, {}))
-        const = _draft_mask.tree_mask_constexprs(bs_pad, 32 * words)
-        specs.append((f"draft_mask_w{words}_tree", _draft_mask.tree_mask_kernel, _TREE_MASK_SIG, const, {}))
-    return specs
+    """The tree-mask kernel for one batch bucket, for each word count (compiled with Triton's
+    default launch options, as the plugin launches it)."""
+    return [(f"draft_mask_w{words}_tree", _draft_mask.tree_mask_kernel, _TREE_MASK_SIG,
+             _draft_mask.tree_mask_constexprs(bs_pad, 32 * words), {})
+            for words in _draft_mask.PREBUILT_WORDS]
 
 
 def _split_spec(arch: int, heads: int, kv_type: str, idx_type: str):

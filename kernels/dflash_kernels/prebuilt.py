@@ -81,8 +81,7 @@ def _jit_kernels(arch: int) -> list:
     """The JIT functions the launcher calls for `arch`, for every pool it takes."""
     splits = {va.split_kernel(va.config_for_arch(arch // 10, arch % 10, kv), heads=8, fp8_pool=kv != torch.bfloat16)[0]
               for kv in _pool_dtypes(arch)}
-    return [va._verify_plan_kernel, _draft_mask.chain_mask_kernel, _draft_mask.tree_mask_kernel, *splits,
-            va._verify_merge_kernel]
+    return [va._verify_plan_kernel, _draft_mask.tree_mask_kernel, *splits, va._verify_merge_kernel]
 
 
 @contextlib.contextmanager
@@ -125,16 +124,18 @@ def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
 MASK_KINDS = ("chain", "full", "tree")
 
 
-def plugin_mask(kind: str, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, draft_tokens: int) -> torch.Tensor:
-    """The packed mask the plugin builds for a batch of `kind`, with the plugin's kernels."""
-    n_tok = int(qo_indptr[-1])
-    if kind == "tree":
-        batch = qo_indptr.shape[0] - 1
-        size = draft_tokens * (draft_tokens + 1)  # each request's t x (L + t) block, with L = 1
-        custom = torch.ones(batch * size, dtype=torch.bool, device=qo_indptr.device)
-        mask_indptr = torch.arange(0, (batch + 1) * size, size, dtype=torch.int64, device=qo_indptr.device)
-        return _draft_mask.tree_mask(custom, mask_indptr, qo_indptr, kv_indptr, n_tok, draft_tokens)
-    return _draft_mask.chain_mask(qo_indptr, n_tok, draft_tokens, causal=kind == "chain")
+def plugin_mask(kind: str, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, draft_tokens: int):
+    """(packed mask, block_mask) as the plugin makes them on a GPU for a batch of `kind`: a tree
+    packed by its kernel (sglang_plugin.packed_custom_mask, which off a GPU takes torch ops), or
+    the chains' shared draft block."""
+    from .sglang_plugin import shared_draft_block
+    if kind != "tree":
+        return shared_draft_block(draft_tokens, kind == "chain", qo_indptr.device), True
+    batch = qo_indptr.shape[0] - 1
+    size = draft_tokens * (draft_tokens + 1)  # each request's t x (L + t) block, with L = 1
+    custom = torch.ones(batch * size, dtype=torch.bool, device=qo_indptr.device)
+    mask_indptr = torch.arange(0, (batch + 1) * size, size, dtype=torch.int64, device=qo_indptr.device)
+    return _draft_mask.tree_mask(custom, mask_indptr, qo_indptr, kv_indptr, int(qo_indptr[-1]), draft_tokens), False
 
 
 def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, with_lse: bool,
@@ -142,7 +143,7 @@ def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, wit
                        mask_kind: str = "tree", device: str = "cpu") -> None:
     """One verify call as SGLang's plugin makes it: int32 indptrs, kv_indices of index_dtype
     (SGLang's Triton backend passes int64), bf16 draft latents, a pool of kv_dtype with scales
-    when it is fp8, the draft-block mask of mask_kind from the plugin's mask kernels, and the
+    when it is fp8, the draft-block mask of mask_kind as the plugin makes it (verify_mask), and the
     config the launcher picks for `arch`."""
     scale = 1.0 if kv_dtype == torch.bfloat16 else 0.5
     cfg = va.config_for_arch(arch // 10, arch % 10, kv_dtype)
@@ -151,11 +152,12 @@ def launch_like_sglang(arch: int, heads: int, batch: int, draft_tokens: int, wit
     pool = torch.zeros(64, va.D_LATENT, dtype=torch.bfloat16, device=device).to(kv_dtype)
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device=device)
     qo_indptr = torch.arange(0, n_tok + 1, draft_tokens, dtype=torch.int32, device=device)
-    mask = plugin_mask(mask_kind, qo_indptr, indptr, draft_tokens)
+    mask, block = plugin_mask(mask_kind, qo_indptr, indptr, draft_tokens)
     lse = torch.zeros(n_tok, heads, dtype=torch.float32, device=device) if with_lse else None
     va.verify_attention(q, torch.zeros(n_tok, va.D_LATENT, dtype=torch.bfloat16, device=device), pool,
                         torch.zeros(batch, dtype=index_dtype, device=device), indptr, qo_indptr, mask, 0.07,
-                        lse=lse, max_q_len=draft_tokens, num_splits=132, config=cfg, k_scale=scale, v_scale=scale)
+                        lse=lse, max_q_len=draft_tokens, num_splits=132, config=cfg, k_scale=scale, v_scale=scale,
+                        block_mask=block)
 
 
 def check_cases(heads=(8, 16), batches=CHECK_BATCHES, draft_tokens=(16, 64), kv_dtypes=va.KV_DTYPES,

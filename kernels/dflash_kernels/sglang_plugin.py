@@ -40,8 +40,9 @@ import sysconfig
 # there); this module is their public face
 from dflash_kernels_startup import ENV, TARGET_MODULE, enabled, install, uninstall_hook
 
-__all__ = ["ENV", "SELFCHECK_ENV", "TARGET_MODULE", "MlaVerify", "card_verdict", "chain_or_full_mask", "enabled",
-           "install", "packed_custom_mask", "patch_backend_class", "uninstall_hook", "write_pth"]
+__all__ = ["ENV", "SELFCHECK_ENV", "TARGET_MODULE", "MlaVerify", "card_verdict", "enabled", "install",
+           "packed_custom_mask", "patch_backend_class", "shared_draft_block", "uninstall_hook", "verify_mask",
+           "write_pth"]
 
 PTH_NAME = "dflash_kernels_sglang.pth"
 SELFCHECK_ENV = "DFLASH_VERIFY_SELFCHECK"
@@ -56,12 +57,8 @@ class MlaVerify:
     else whatever ``fallback`` returns (False when there is none: SGLang then runs
     ``extend_attention_fwd``)."""
 
-    def __init__(self, fallback=None, uniform_widths: bool = False):
+    def __init__(self, fallback=None):
         self.fallback = fallback
-        # SGLang gives every request of a verify step the same draft length, and replays a
-        # graph only at the width it captured (`uniform_verify_widths`): a chain mask can then be
-        # built once (`uniform_block_mask`)
-        self.uniform_widths = uniform_widths
         # one workspace per (device, heads, draft length, splits), sized for the largest batch
         # seen or announced (max_bs); a smaller batch uses its first slots. A workspace that a
         # larger batch replaces stays alive: a CUDA graph captured with it still writes there.
@@ -170,16 +167,13 @@ class MlaVerify:
             qo_indptr = qo_indptr.to(torch.int32)
         if kv_indptr.dtype != torch.int32:
             kv_indptr = kv_indptr.to(torch.int32)
-        if custom_mask is not None:
-            tree = packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len)
-        else:
-            tree = chain_or_full_mask(qo_indptr, n_tok, max_q_len, causal, uniform_widths=self.uniform_widths)
+        mask, block = verify_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len, causal)
         cfg, ns, mq = va.plan(q, batch, max_q_len, kv_dtype=k_buffer.dtype)
         ws = self._workspace(va, q.device, batch, h, mq, ns, max_bs)
         scale = sm_scale if sm_scale is not None else 576 ** -0.5  # SGLang's default: 1/sqrt(Lq)
-        va.verify_attention(q, k.reshape(n_tok, 576), k_buffer, kv_indices, kv_indptr, qo_indptr, tree,
+        va.verify_attention(q, k.reshape(n_tok, 576), k_buffer, kv_indices, kv_indptr, qo_indptr, mask,
                             float(scale), out=o.view(n_tok, h, 512), workspace=ws, max_q_len=mq,
-                            num_splits=ns, config=cfg, k_scale=k_scale, v_scale=v_scale)
+                            num_splits=ns, config=cfg, k_scale=k_scale, v_scale=v_scale, block_mask=block)
 
 
 def packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens: int, max_q_len: int):
@@ -192,90 +186,47 @@ def packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_token
     return tree_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens, max_q_len)
 
 
-def chain_or_full_mask(qo_indptr, num_tokens: int, max_q_len: int, causal: bool, uniform_widths: bool = False):
-    """Packed draft-block mask without a custom mask (DFlash's chains): lower-triangular (causal)
-    or all visible. When the caller knows that SGLang gives every request the same draft length
-    (`uniform_widths`, see `uniform_verify_widths`) and the shapes say it is max_q_len, the mask is
-    one block's rows repeated, built once (`uniform_block_mask`). Otherwise, on a GPU, one small
-    kernel builds it from qo_indptr (this runs in every layer of every verify step, where the
-    torch ops of `chain_or_full_mask_torch` are some twenty launches)."""
-    batch = qo_indptr.shape[0] - 1
-    # (num_tokens rows, none of the batch's requests longer than max_q_len: all of them are. The
-    # shapes alone do not suffice: a graph replays with qo_indptr's new contents, and a padded
-    # ragged layout has more rows than tokens; hence the caller's word.)
-    if uniform_widths and batch > 0 and num_tokens == batch * max_q_len:
-        mask = uniform_block_mask(num_tokens, max_q_len, causal, qo_indptr.device)
-        if mask is not None:
-            return mask
-    if not qo_indptr.is_cuda or num_tokens == 0:
-        return chain_or_full_mask_torch(qo_indptr, num_tokens, max_q_len, causal)
-    from ._draft_mask import chain_mask
-    return chain_mask(qo_indptr, num_tokens, max_q_len, causal)
+def verify_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens: int, max_q_len: int, causal: bool):
+    """(packed mask, block_mask) for verify_attention as SGLang's call asks: its custom mask
+    (DDTree's trees) packed with a row per token, or without one (DFlash's chains, causal; or all
+    visible) one draft block's rows that every request shares (`shared_draft_block`)."""
+    if custom_mask is not None:
+        return packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens, max_q_len), False
+    return shared_draft_block(max_q_len, causal, qo_indptr.device), True
 
 
-# (device, draft length, causal) -> the masks built for it, the largest last. A smaller one stays
+# (device, causal) -> the shared draft blocks built for it, the largest last. A smaller one stays
 # alive when a larger one replaces it: a CUDA graph captured with it still reads it.
-_UNIFORM_MASKS: dict = {}
+_DRAFT_BLOCKS: dict = {}
 
 
-def uniform_block_mask(num_tokens: int, draft_len: int, causal: bool, device):
-    """The packed mask of num_tokens // draft_len requests of draft_len tokens each: the same for
-    every layer and step, so it is built once, and no kernel runs for it in a verify step (it
-    cost 1.0-1.7 us a layer, RESULTS.md session 16). None during a CUDA graph capture that
-    would have to build it: a tensor filled there holds nothing until the graph runs, so the
-    caller's kernel is captured instead (SGLang runs each batch size eagerly before capturing it,
-    so this does not happen there)."""
+def shared_draft_block(max_q_len: int, causal: bool, device):
+    """The chain (or all-visible) draft block of verify_attention's block_mask: the same for
+    every request, batch, layer and step, so it is built once per device and kind, at least 64
+    rows (grown for a longer draft), and no kernel runs for the mask in a verify step (one cost
+    1.0-1.7 us a layer, RESULTS.md session 16). A request reads its own rows 0..t_b - 1 of it,
+    so draft lengths may differ within a batch and between graph replays.
+    Inside a CUDA graph capture that would have to build it, the capture gets a copy of its own,
+    built by captured ops: a tensor filled there holds nothing until the graph runs, so it is
+    not kept for other calls."""
     import torch
-    key = (device, draft_len, bool(causal))
-    built = _UNIFORM_MASKS.setdefault(key, [])
-    if not built or built[-1].shape[0] < num_tokens:
-        if _capturing(device):
-            return None
-        rows = max(num_tokens, 2 * built[-1].shape[0] if built else 0)  # (multiples of draft_len)
-        qo = torch.arange(0, rows + 1, draft_len, dtype=torch.int32, device=device)
-        built.append(chain_or_full_mask_torch(qo, rows, draft_len, causal))
-        if device.type == "cuda":
-            # built on this stream; the first call that reads it may run on another
-            torch.cuda.current_stream(device).synchronize()
-    return built[-1][:num_tokens]
 
-
-def uniform_verify_widths(model_runner) -> bool:
-    """Whether this server's verify steps give every request the same draft length. SGLang 0.5.23
-    fills target-verify's qo_indptr with arange(0, (bs + 1) * t, t) and replays a verify graph
-    only at its captured width; the exception is an algorithm with per-request verify lengths
-    (`supports_ragged_verify`: DSpark's). False when the runner cannot say."""
-    ask = getattr(getattr(model_runner, "spec_algorithm", None), "supports_ragged_verify", None)
-    if ask is None:
-        return False
-    try:
-        return not ask()
-    except Exception:  # noqa: BLE001 - an algorithm object unlike 0.5.23's: assume ragged
-        return False
+    from .verify_attention import draft_block_mask
+    built = _DRAFT_BLOCKS.setdefault((device, bool(causal)), [])
+    if built and built[-1].shape[0] >= max_q_len:
+        return built[-1]
+    if _capturing(device):
+        return draft_block_mask(max_q_len, causal, device)
+    built.append(draft_block_mask(max(max_q_len, 64, 2 * built[-1].shape[0] if built else 0), causal, device))
+    if device.type == "cuda":
+        # built on this stream; the first call that reads it may run on another
+        torch.cuda.current_stream(device).synchronize()
+    return built[-1]
 
 
 def _capturing(device) -> bool:
     import torch
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def chain_or_full_mask_torch(qo_indptr, num_tokens: int, max_q_len: int, causal: bool):
-    """The same mask in torch ops (CPU, and the reference of the kernel's GPU test)."""
-    import torch
-
-    from .verify_attention import _pack_bits
-    dev = qo_indptr.device
-    words = -(-max_q_len // 32)
-    qo = qo_indptr.to(torch.int64)
-    rows = torch.arange(num_tokens, device=dev)
-    b = torch.searchsorted(qo[1:].contiguous(), rows, right=True).clamp_(max=qo.shape[0] - 2)
-    i = rows - qo[b]
-    t = qo[b + 1] - qo[b]
-    j = torch.arange(words * 32, device=dev)
-    bits = j[None, :] < t[:, None]
-    if causal:
-        bits &= j[None, :] <= i[:, None]
-    return _pack_bits(bits)
 
 
 def card_verdict(backend, model_runner):
@@ -347,7 +298,7 @@ def patch_backend_class(cls) -> bool:
             prev = getattr(self, "verify_shared_kv_fwd", None)
         elif getattr(self, "use_verify_splitkv", False):
             prev = getattr(self, "verify_splitkv_fwd", None)
-        fn = MlaVerify(fallback=prev, uniform_widths=uniform_verify_widths(model_runner))
+        fn = MlaVerify(fallback=prev)
         try:  # the backend wraps its own verify kernels the same way
             import torch
             fn_wrapped = torch.compiler.disable(fn)

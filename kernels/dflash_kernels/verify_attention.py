@@ -66,7 +66,8 @@ LOG2E = 1.4426950408889634  # 1/ln(2)
 # Integer arguments whose values vary between calls (batch, splits, rows, mask width). The JIT
 # must not specialise on them (a value of 1, a multiple of 16): then one compiled binary serves
 # every call, and it is the one the image's ahead-of-time build put in Triton's cache (aot.py).
-SPLIT_RUNTIME_INTS = ["stride_mask", "rows_max", "NUM_SPLITS", "BATCH"]
+# (stride_mask_req is 0 for a shared draft block: not specialised, so one binary serves both masks)
+SPLIT_RUNTIME_INTS = ["stride_mask", "stride_mask_req", "rows_max", "NUM_SPLITS", "BATCH"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ def _verify_split_kernel(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
     PART_O, PART_LSE,
     qk_scale,
-    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask, stride_mask_req,
     rows_max, NUM_SPLITS, BATCH,
     k_scale, v_scale,
     NUM_HEADS: tl.constexpr,
@@ -292,7 +293,7 @@ def _verify_split_kernel(
     acc = tl.zeros([BLOCK_M, 512], tl.float32)
 
     idx_ptr = KV_INDICES + kv_start
-    mask_row = TREE_MASK + (qo_start + tok).to(tl.int64) * stride_mask
+    mask_row = TREE_MASK + qo_start.to(tl.int64) * stride_mask_req + tok.to(tl.int64) * stride_mask
     prefix_qk_scale = qk_scale * k_scale
     if KV.dtype.element_ty == K_EXT.dtype.element_ty:
         # One loop serves both kinds of program (the key rows come from K_EXT or KV), so the
@@ -709,6 +710,7 @@ def verify_attention(
     config: VerifyConfig | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    block_mask: bool = False,
     _phases: tuple = ("split", "merge"),
 ) -> torch.Tensor:
     """MLA target-verify attention.
@@ -727,6 +729,10 @@ def verify_attention(
       tree_mask: (num_tokens, ceil(max_q_len / 32)) int32, bit-packed draft block: bit j of word
          j // 32 in row r says whether draft row r sees draft token j of its own request.
          See ``pack_custom_mask``, ``tree_mask_from_parents``, ``chain_tree_mask``.
+         With block_mask, (>= max_q_len, ceil(max_q_len / 32)) int32 instead: one draft block's
+         rows, shared by every request (row i is draft token i of each request; bits past a
+         request's own draft length are ignored). A chain or an all-visible block is the same
+         for any batch, so it can be built once (``draft_block_mask``).
       sm_scale: softmax scale (1/sqrt(192) for DeepSeek V3 / Kimi K2).
       out: optional (num_tokens, num_heads, 512) bfloat16 output, written in place.
       lse: optional (num_tokens, num_heads) float32, natural-log sum-exp of the scaled scores.
@@ -781,9 +787,11 @@ def verify_attention(
         raise ValueError(f"config: {split_fn.__name__} reads an unscaled bfloat16 pool; leave config=None "
                          "(or pass SM90_TRITON) for an fp8 or a scaled pool")
     words = triton.cdiv(mq, 32)
-    if tree_mask.dtype != torch.int32 or tree_mask.dim() != 2 or tree_mask.shape[0] != n_tok \
-            or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:
-        raise ValueError(f"tree_mask: expected int32 ({n_tok}, >= {words}) with contiguous rows, "
+    mask_rows_ok = tree_mask.dim() == 2 and (tree_mask.shape[0] >= mq if block_mask else tree_mask.shape[0] == n_tok)
+    if tree_mask.dtype != torch.int32 or not mask_rows_ok or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:
+        rows = f">= {mq}" if block_mask else str(n_tok)
+        raise ValueError(f"tree_mask: expected int32 ({rows}, >= {words}) with contiguous rows"
+                         f"{' (block_mask: one draft block)' if block_mask else ''}, "
                          f"got {tree_mask.dtype} {tuple(tree_mask.shape)}")
     if out is None:
         out = torch.empty((n_tok, h, D_NOPE), dtype=torch.bfloat16, device=q.device)
@@ -814,6 +822,7 @@ def verify_attention(
                       part_o, part_lse,
                       sm_scale * LOG2E,
                       q.stride(0), q.stride(1), k_ext.stride(0), kv.stride(0), tree_mask.stride(0),
+                      0 if block_mask else tree_mask.stride(0),  # (the rows of a request's first token)
                       rows_max, ns, batch)
         if reads_scales:
             split_args += (float(k_scale), float(v_scale))
@@ -878,6 +887,16 @@ def pack_custom_mask(custom_mask: torch.Tensor, mask_indptr: torch.Tensor, qo_in
 def chain_tree_mask(t: int, device=None) -> torch.Tensor:
     """(t, t) bool: draft token i sees 0..i (a chain)."""
     return torch.tril(torch.ones(t, t, dtype=torch.bool, device=device))
+
+
+def draft_block_mask(max_q_len: int, causal: bool = True, device=None) -> torch.Tensor:
+    """One draft block's packed rows for ``verify_attention(..., block_mask=True)``: a chain
+    (draft token i sees 0..i: SGLang's causal verify without a custom mask, DFlash's) or all
+    visible (causal False). It holds for any batch and any draft lengths up to max_q_len, since
+    a request reads rows 0..t_b - 1 and the kernel ignores bits past t_b. Torch ops of fixed
+    shape, no host sync. (max_q_len, ceil(max_q_len / 32)) int32."""
+    block = torch.ones(max_q_len, max_q_len, dtype=torch.bool, device=device)
+    return pack_tree_masks([torch.tril(block) if causal else block])
 
 
 def random_tree_parents(t: int, gen: torch.Generator) -> torch.Tensor:

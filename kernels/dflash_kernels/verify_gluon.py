@@ -117,7 +117,7 @@ def _verify_split_kernel_gluon(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
     PART_O, PART_LSE,
     qk_scale,
-    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask, stride_mask_req,
     rows_max, NUM_SPLITS, BATCH,
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
@@ -171,7 +171,7 @@ def _verify_split_kernel_gluon(
     # rows of S / O and the tree-mask rows (draft programs only)
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
     row_ok = offs_m < n_rows
-    mask_row = TREE_MASK + (qo_start + offs_m // NUM_HEADS).to(gl.int64) * stride_mask
+    mask_row = TREE_MASK + qo_start.to(gl.int64) * stride_mask_req + (offs_m // NUM_HEADS).to(gl.int64) * stride_mask
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
@@ -500,7 +500,7 @@ def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
 
 @gluon.jit
 def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
-                TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
+                mask_rows, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -512,7 +512,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
     row_ok = offs_m < n_rows
-    mask_row = TREE_MASK + (qo_start + offs_m // NUM_HEADS).to(gl.int64) * stride_mask
+    mask_row = mask_rows + (offs_m // NUM_HEADS).to(gl.int64) * stride_mask
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
     acc = gl.zeros([BLOCK_M, S_COLS], gl.float32, layout=O_L)
@@ -570,7 +570,7 @@ def _verify_split_kernel_gluon_ws(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
     PART_O, PART_LSE,
     qk_scale,
-    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask, stride_mask_req,
     rows_max, NUM_SPLITS, BATCH,
     k_scale, v_scale,
     NUM_HEADS: gl.constexpr,
@@ -595,6 +595,9 @@ def _verify_split_kernel_gluon_ws(
     if b >= BATCH:
         return
     qo_start = gl.load(QO_INDPTR + b)
+    # the request's mask rows: its own (stride_mask_req = stride_mask) or the draft block's
+    # rows every request shares (stride_mask_req = 0)
+    mask_rows = TREE_MASK + qo_start.to(gl.int64) * stride_mask_req
     t_b = gl.load(QO_INDPTR + b + 1) - qo_start
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
@@ -643,7 +646,7 @@ def _verify_split_kernel_gluon_ws(
         v_regs: gl.constexpr = WS_V_WIDE_REGS
     acc, m_i, l_i = gl.warp_specialize([
         (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
-                       p_free, TREE_MASK, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
+                       p_free, mask_rows, stride_mask, qo_start, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
                        NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS)),
         (_ws_v_group, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,

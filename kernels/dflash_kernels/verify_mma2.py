@@ -285,7 +285,7 @@ def _verify_split_kernel_mma2(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
     PART_O, PART_LSE,
     qk_scale,
-    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask, stride_mask_req,
     rows_max, NUM_SPLITS, BATCH,
     k_scale, v_scale,
     NUM_HEADS: gl.constexpr,
@@ -323,7 +323,7 @@ def _verify_split_kernel_mma2(
     q_starts = _q_starts(Q, qo_start, pid_m, n_rows, stride_qt, stride_qh, NUM_HEADS, BLOCK_M)
     rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
     row_ok = rows_s < n_rows
-    mask_row = TREE_MASK + (qo_start + rows_s // NUM_HEADS).to(gl.int64) * stride_mask
+    mask_row = TREE_MASK + qo_start.to(gl.int64) * stride_mask_req + (rows_s // NUM_HEADS).to(gl.int64) * stride_mask
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=ROW_S)
     zero_o = gl.zeros([128, BLOCK_M], gl.float32, layout=OT_L)

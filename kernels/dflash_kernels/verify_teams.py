@@ -208,7 +208,7 @@ def _summed_scores(sp_smem, s3, SUMS_XOR: gl.constexpr, BLOCK_N: gl.constexpr):
 @gluon.jit
 def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done,
           idx_ptr, qo_start, pid_m, n_rows, lo, hi, is_draft,
-          TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
+          mask_rows, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
           NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, ROPE_LINES: gl.constexpr, SUMS_XOR: gl.constexpr):
     """Team TEAM's 16 rows over latents lo .. hi, and their partial result."""
     sp_smem = sp_all.index(TEAM)
@@ -225,7 +225,7 @@ def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kf
 
     rows_s = pid_m * 32 + TEAM * TEAM_ROWS + gl.arange(0, TEAM_ROWS, layout=ROW_S)
     row_ok = rows_s < n_rows
-    mask_row = TREE_MASK + (qo_start + rows_s // NUM_HEADS).to(gl.int64) * stride_mask
+    mask_row = mask_rows + (rows_s // NUM_HEADS).to(gl.int64) * stride_mask
     m_i = gl.full([TEAM_ROWS], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([TEAM_ROWS], 0.0, gl.float32, layout=ROW_S)
     zero_o = gl.zeros([128, TEAM_ROWS], gl.float32, layout=OT_L)
@@ -279,7 +279,7 @@ def _verify_split_kernel_teams(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
     PART_O, PART_LSE,
     qk_scale,
-    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask,
+    stride_qt, stride_qh, stride_kext, stride_kv, stride_mask, stride_mask_req,
     rows_max, NUM_SPLITS, BATCH,
     k_scale, v_scale,
     NUM_HEADS: gl.constexpr,
@@ -301,6 +301,9 @@ def _verify_split_kernel_teams(
     if b >= BATCH:
         return
     qo_start = gl.load(QO_INDPTR + b)
+    # the request's mask rows: its own (stride_mask_req = stride_mask) or the draft block's
+    # rows every request shares (stride_mask_req = 0)
+    mask_rows = TREE_MASK + qo_start.to(gl.int64) * stride_mask_req
     t_b = gl.load(QO_INDPTR + b + 1) - qo_start
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
@@ -335,10 +338,10 @@ def _verify_split_kernel_teams(
     # (the partitions' arguments written out: a tuple held in a variable turns constexprs into tensors)
     gl.warp_specialize([
         (_team, (0, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
-                 n_rows, lo, hi, is_draft, TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
+                 n_rows, lo, hi, is_draft, mask_rows, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
                  NUM_HEADS, BLOCK_N, ROPE_LINES, SUMS_XOR)),
         (_team, (1, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
-                 n_rows, lo, hi, is_draft, TREE_MASK, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
+                 n_rows, lo, hi, is_draft, mask_rows, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
                  NUM_HEADS, BLOCK_N, ROPE_LINES, SUMS_XOR)),
         (_loader, (kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, stride_qh, idx_ptr, k_base,
                    k_stride, qo_start, pid_m, n_rows, lo, hi, is_draft, NUM_HEADS, BLOCK_N, ROPE_LINES)),

@@ -52,9 +52,13 @@ scales = dict(k_scale=spec.get("k_scale", 1.0), v_scale=spec.get("v_scale", 1.0)
 n, h = case["q"].shape[:2]
 out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16)
 lse = torch.full((n, h), float("nan"))
+# "block_mask": the chains as one shared draft block (draft_block_mask), as the SGLang plugin
+# passes DFlash's, instead of a row per token
+block = spec.get("block_mask", False)
+mask = va.draft_block_mask(case["max_q_len"], causal=True) if block else case["tree_mask"]
 va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
-                    case["qo_indptr"], case["tree_mask"], SM_SCALE, out=out, lse=lse,
-                    max_q_len=case["max_q_len"], num_splits=spec.get("num_splits"), config=cfg, **scales)
+                    case["qo_indptr"], mask, SM_SCALE, out=out, lse=lse, max_q_len=case["max_q_len"],
+                    num_splits=spec.get("num_splits"), config=cfg, block_mask=block, **scales)
 ref_o, ref_lse = va.reference_verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
                                                case["kv_indptr"], case["qo_indptr"], case["blocks"], SM_SCALE,
                                                **scales)

@@ -1,5 +1,5 @@
-"""Runs the plugin's two mask kernels (`_draft_mask.py`) on the CPU through Triton's interpreter
-against their torch ops, on random batches, and prints the number of batches checked. Started
+"""Runs the plugin's tree-mask kernel (`_draft_mask.py`) on the CPU through Triton's interpreter
+against its torch ops (pack_custom_mask), on random batches, and prints the number of batches checked. Started
 by test_interpreter.py in a fresh process (TRITON_INTERPRET must be set before the kernels are
 defined); on a GPU, test_verify_gpu.py makes the same checks with the compiled kernels.
 
@@ -16,7 +16,6 @@ sys.path.insert(0, os.path.dirname(here))
 import torch  # noqa: E402
 from cases import random_custom_mask  # noqa: E402
 from dflash_kernels import _draft_mask  # noqa: E402
-from dflash_kernels.sglang_plugin import chain_or_full_mask_torch  # noqa: E402
 from dflash_kernels.verify_attention import pack_custom_mask  # noqa: E402
 
 checked = 0
@@ -28,8 +27,5 @@ for draft_lengths, prefixes in (([16], [0]), ([1, 16, 3], [5, 0, 200]), ([64, 33
     custom, mask_indptr = random_custom_mask(qo, kv)
     got = _draft_mask.tree_mask(custom, mask_indptr, qo, kv, n_tok, mq)
     assert torch.equal(got, pack_custom_mask(custom, mask_indptr, qo, kv, mq, num_tokens=n_tok)), draft_lengths
-    for causal in (True, False):
-        got = _draft_mask.chain_mask(qo, n_tok, mq, causal)
-        assert torch.equal(got, chain_or_full_mask_torch(qo, n_tok, mq, causal)), (draft_lengths, causal)
     checked += 1
 print(checked)

@@ -25,8 +25,8 @@ SMEM_LIMITS = {120: SM120_SMEM_LIMIT, 90: SM90_SMEM_LIMIT}
 MERGE_NAMES = {aot.merge_name(tile, lse) for lse in (True, False) for tile in MERGE_TILES}
 # the split kernel for each pool dtype (bf16, fp8 e4m3, fp8 e5m2) and kv_indices dtype (int32, int64)
 SPLIT_NAMES = {"verify_split" + suffix + idx for suffix in aot.KV_POOL_TYPES for idx in aot.INDEX_TYPES}
-# the plugin's draft-block mask kernels (1 and 2 words; chains causal or not, trees), per batch bucket
-MASK_NAMES = {f"draft_mask_w{w}{kind}" for w in (1, 2) for kind in ("", "_causal", "_tree")}
+# the plugin's tree-mask kernel (1 and 2 words), per batch bucket; DFlash's chains need none
+MASK_NAMES = {f"draft_mask_w{w}_tree" for w in (1, 2)}
 # (mbarrier instructions, SYNCS.*, are sm_90's and sm_120's: the two-team kernel waits on them)
 HOPPER_ONLY = re.compile(r"\b(HGMMA|WGMMA|UTMALDG|UTMASTG|UTMAPF|UBLKCP)\b")
 
@@ -72,7 +72,7 @@ def test_manifest(built):
         assert {tiles[arch, name] for name in {"verify_plan"} | SPLIT_NAMES} == {va.CONFIGS[key].block_n}
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
-        assert k["symbol"].startswith(("chain_mask_kernel", "tree_mask_kernel") if k["name"] in MASK_NAMES
+        assert k["symbol"].startswith(("tree_mask_kernel",) if k["name"] in MASK_NAMES
                                       else "_verify_")
 
 
@@ -173,8 +173,6 @@ def test_the_check_reports_a_missing_binary(tmp_path):
     case = "(h=8, batch=3, t={}, lse=False, pool=bfloat16, kv_indices=int64, mask={})"
     assert "MISS: sm_120 tree_mask_kernel " + case.format(16, "tree") in r.stderr
     assert "MISS: sm_120 _verify_plan_kernel " + case.format(16, "chain") in r.stderr
-    assert "MISS: sm_120 chain_mask_kernel " + case.format(16, "chain") in r.stderr
-    assert "MISS: sm_120 chain_mask_kernel " + case.format(64, "full") in r.stderr
     assert "would compile at first use instead of loading a prebuilt binary" in r.stderr
 
 

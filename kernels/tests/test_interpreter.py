@@ -41,8 +41,12 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
          kv_dtype="float8_e5m2", k_scale=2.5, v_scale=0.6, config=SMALL),
     # a scaled bf16 pool: the single loop for both kinds of program, with the prefix's scales
     dict(lens=[200, 7], ts=[5, 2], heads=4, num_splits=4, k_scale=0.5, v_scale=3.0, config=SMALL),
+    # chains of different lengths (one across the 32-bit word boundary) read from one shared
+    # draft block (block_mask): each request from row 0, bits past its own length ignored
+    dict(lens=[90, 0, 33], ts=[5, 35, 1], heads=2, num_splits=4, mask="chain", block_mask=True,
+         config=dict(block_m=32, block_n=32, num_warps=4, num_stages=1, min_chunk=32)),
 ], ids=["mixed-batch", "chain", "one-request-slices", "one-request-empty", "many-splits-paged", "tree-40", "fp8-e4m3-scaled", "fp8-e5m2-paged",
-        "bf16-scaled"])
+        "bf16-scaled", "chains-one-block"])
 def test_kernels_match_reference(spec):
     r = _run(spec)
     assert not r["nan"], "unwritten or NaN output"
@@ -50,9 +54,9 @@ def test_kernels_match_reference(spec):
     assert r["lse_err"] < 2e-3, r
 
 
-def test_mask_kernels_match_their_torch_ops():
-    """The plugin's chain and tree mask kernels against the torch ops they replace: draft blocks
-    across the 32-bit word boundary, empty and long prefixes, random bits in the prefix columns."""
+def test_tree_mask_kernel_matches_its_torch_ops():
+    """The plugin's tree-mask kernel against the torch ops it replaces: draft blocks across the
+    32-bit word boundary, empty and long prefixes, random bits in the prefix columns."""
     assert run_interpreted("interp_masks.py").split() == ["4"]
 
 

@@ -16,14 +16,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = (0, 37, 300)  # prefixes small enough for the CPU
 
 
-def _unpack_blocks(tree_mask, qo_indptr):
-    """Per-request bool blocks from the packed mask the launcher receives."""
+def _unpack_blocks(tree_mask, qo_indptr, block_mask=False):
+    """Per-request bool blocks from the packed mask the launcher receives (a row per token, or
+    with block_mask one draft block's rows that every request reads from row 0)."""
     qo = qo_indptr.tolist()
     blocks = []
     for b in range(len(qo) - 1):
         t = qo[b + 1] - qo[b]
         j = torch.arange(t)
-        words = tree_mask[qo[b]:qo[b + 1]].to(torch.int64)
+        words = (tree_mask[:t] if block_mask else tree_mask[qo[b]:qo[b + 1]]).to(torch.int64)
         blocks.append(((words[:, j // 32] >> (j % 32)) & 1).bool())
     return blocks
 
@@ -32,8 +33,8 @@ def _torch_kernel(mutate=None, use_mask=True, use_k_scale=True):
     """verify_attention's signature, computed by the float32 reference (so the check must pass it),
     then changed the way a kernel bug would change it."""
     def kernel(q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, sm_scale, out=None, k_scale=1.0,
-               v_scale=1.0, **_):
-        blocks = _unpack_blocks(tree_mask, qo_indptr)
+               v_scale=1.0, block_mask=False, **_):
+        blocks = _unpack_blocks(tree_mask, qo_indptr, block_mask)
         if not use_mask:
             blocks = [torch.ones_like(b) for b in blocks]
         ref, _ = va.reference_verify_attention(q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, blocks, sm_scale,

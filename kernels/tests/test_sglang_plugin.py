@@ -15,6 +15,8 @@ import pytest
 import torch
 from dflash_kernels import sglang_plugin as plugin
 
+va = importlib.import_module("dflash_kernels.verify_attention")
+
 SGLANG_VERSION = "0.5.23"
 BACKEND_PATH = "sglang/srt/layers/attention/triton_backend.py"
 
@@ -254,7 +256,6 @@ def test_served_calls_pass_the_pool_and_its_scales(monkeypatch, pool_dtype, desc
     """What the plugin hands the launcher for a call it serves (here on a pretend sm_90): SGLang's
     k/v descale as the pool's scales, and the config and workspace planned for it (the shipped
     kernel reads every pool: on sm_90 its loader widens an fp8 pool's rows)."""
-    va = importlib.import_module("dflash_kernels.verify_attention")
     calls = []
     monkeypatch.setattr(va, "verify_attention", lambda *args, **kw: calls.append((args, kw)))
     monkeypatch.setattr(va, "_device_info", lambda device: (9, 0, 132))
@@ -268,13 +269,14 @@ def test_served_calls_pass_the_pool_and_its_scales(monkeypatch, pool_dtype, desc
     expected = va.CONFIGS["sm90"] if va.gluon_available() else va.SM90_TRITON
     assert kw["config"] == expected
     assert kw["workspace"][0].shape == va.workspace_shape(1, 8, 4, kw["num_splits"])[0]
+    # no custom mask (DFlash's chains): the shared draft block, read from row 0 by every request
+    assert kw["block_mask"] is True and torch.equal(args[6], va.draft_block_mask(64, causal=True))
 
 
 def test_a_kernel_that_fails_hands_this_call_and_the_rest_to_sglang(monkeypatch, caplog):
     """An exception of ours (a runtime Triton that compiles the Gluon kernels differently)
     raised inside SGLang's forward_extend and took the scheduler down at warm-up. Now SGLang's
     path serves that call and every later one, and the log says why, once."""
-    va = importlib.import_module("dflash_kernels.verify_attention")
     calls = []
 
     def broken(*args, **kw):
@@ -350,7 +352,6 @@ def test_one_workspace_per_shape_sized_for_the_largest_batch():
     kept its own). Now one per shape serves every batch up to max_bs through views of its first
     slots; a larger batch gets a larger one, and the old one stays alive for the graphs that
     captured it."""
-    va = importlib.import_module("dflash_kernels.verify_attention")
     verify = plugin.MlaVerify()
     cpu = torch.device("cpu")
     small = verify._workspace(va, cpu, batch=2, heads=8, mq=16, ns=47, max_bs=48)
@@ -363,72 +364,53 @@ def test_one_workspace_per_shape_sized_for_the_largest_batch():
     assert larger[0].shape[0] == 47 + 2 * 64 and verify._replaced == [full]
 
 
-def test_chain_or_full_mask():
-    qo = torch.tensor([0, 3, 5], dtype=torch.int32)
-    m = plugin.chain_or_full_mask(qo, 5, 3, causal=True)
-    assert m[:, 0].tolist() == [1, 3, 7, 1, 3]
-    m = plugin.chain_or_full_mask(qo, 5, 3, causal=False)
-    assert m[:, 0].tolist() == [7, 7, 7, 3, 3]
+def test_draft_block_rows():
+    """Row i of the shared draft block: draft token i sees 0..i (chains) or every token."""
+    assert va.draft_block_mask(3, causal=True)[:, 0].tolist() == [1, 3, 7]
+    assert va.draft_block_mask(3, causal=False)[:, 0].tolist() == [7, 7, 7]
+    wide = va.draft_block_mask(40, causal=True)
+    assert wide.shape == (40, 2) and wide[39].tolist() == [-1, 2**8 - 1] and wide[31].tolist() == [-1, 0]
 
 
-def test_uniform_draft_blocks_share_one_mask_built_once(monkeypatch):
-    """DFlash's verify steps give every request the same draft length: its mask is built once
-    and handed out as views, in every layer and step, and still equals the per-row reference."""
-    monkeypatch.setattr(plugin, "_UNIFORM_MASKS", {})
-    for causal in (True, False):
-        for batch, t in ((4, 16), (1, 16), (8, 16), (3, 40)):
-            qo = torch.arange(0, batch * t + 1, t, dtype=torch.int32)
-            got = plugin.chain_or_full_mask(qo, batch * t, t, causal, uniform_widths=True)
-            assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, batch * t, t, causal)), (batch, t, causal)
-    built = plugin._UNIFORM_MASKS[(torch.device("cpu"), 16, True)]
-    # bs 4 built it, bs 1 took a view of it, bs 8 built a larger one and kept the first alive
-    assert [m.shape[0] for m in built] == [64, 128]
-    again = plugin.chain_or_full_mask(torch.arange(0, 33, 16, dtype=torch.int32), 32, 16, True, uniform_widths=True)
-    assert again.data_ptr() == built[-1].data_ptr() and len(built) == 2
-    # blocks of different lengths are not uniform: the per-row mask, and nothing cached
-    qo = torch.tensor([0, 16, 17, 32], dtype=torch.int32)
-    got = plugin.chain_or_full_mask(qo, 32, 16, True, uniform_widths=True)
-    assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, 32, 16, True))
-    assert got.data_ptr() != built[-1].data_ptr()
-    # a padded ragged layout (DSpark's): 2 requests of 10 and 12 tokens in 32 rows of width 16;
-    # the shapes look uniform, only the caller knows better
-    qo = torch.tensor([0, 10, 22], dtype=torch.int32)
-    got = plugin.chain_or_full_mask(qo, 32, 16, True)
-    assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, 32, 16, True))
-    assert got.data_ptr() != built[-1].data_ptr()
+def test_calls_without_a_custom_mask_share_one_draft_block_built_once(monkeypatch):
+    """DFlash's chains: every batch, layer and step reads one draft block, whatever its draft
+    lengths (uniform, ragged, or a padded ragged layout like DSpark's), built once per kind; a
+    longer draft builds a larger one and keeps the first alive for graphs captured with it."""
+    monkeypatch.setattr(plugin, "_DRAFT_BLOCKS", {})
+    kv = torch.tensor([0, 5, 9, 9], dtype=torch.int32)
+    first = None
+    for qo, n_tok, mq in ((torch.arange(0, 49, 16, dtype=torch.int32), 48, 16),
+                          (torch.tensor([0, 16, 17, 32], dtype=torch.int32), 32, 16),
+                          (torch.tensor([0, 10, 22, 30], dtype=torch.int32), 48, 16)):
+        mask, block = plugin.verify_mask(None, None, qo, kv, n_tok, mq, causal=True)
+        assert block is True and torch.equal(mask, va.draft_block_mask(64, causal=True))
+        first = first if first is not None else mask
+        assert mask.data_ptr() == first.data_ptr()
+    longer, _ = plugin.verify_mask(None, None, torch.tensor([0, 100], dtype=torch.int32), kv[:2], 100, 100, True)
+    assert longer.shape[0] == 128 and torch.equal(longer, va.draft_block_mask(128, causal=True))
+    assert plugin._DRAFT_BLOCKS[(torch.device("cpu"), True)] == [first, longer]
+    full, block = plugin.verify_mask(None, None, kv, kv, 9, 5, causal=False)
+    assert block and torch.equal(full, va.draft_block_mask(64, causal=False))
 
 
-def _runner(supports_ragged_verify):
-    algorithm = type("SpeculativeAlgorithm", (), {})()
-    if supports_ragged_verify is not None:
-        algorithm.supports_ragged_verify = lambda: supports_ragged_verify
-    return type("ModelRunner", (), {"spec_algorithm": algorithm})()
+def test_a_custom_mask_is_packed_a_row_per_token():
+    """DDTree's trees come as SGLang's custom mask: packed with a row per token, not shared."""
+    from cases import random_custom_mask
+    qo = torch.tensor([0, 3, 7], dtype=torch.int32)
+    kv = torch.tensor([0, 20, 21], dtype=torch.int32)
+    custom, mask_indptr = random_custom_mask(qo, kv)
+    mask, block = plugin.verify_mask(custom, mask_indptr, qo, kv, 7, 4, causal=True)
+    assert block is False and torch.equal(mask, va.pack_custom_mask(custom, mask_indptr, qo, kv, 4, num_tokens=7))
 
 
-def test_only_an_algorithm_without_ragged_verify_gets_the_built_once_mask(monkeypatch):
-    """SGLang 0.5.23 says per algorithm whether a verify step may give requests different draft
-    lengths (DSpark's may): the backend's verify call learns it when the plugin installs it."""
-    assert plugin.uniform_verify_widths(_runner(False)) is True
-    assert plugin.uniform_verify_widths(_runner(True)) is False
-    assert plugin.uniform_verify_widths(_runner(None)) is False  # an SGLang that cannot say
-    assert plugin.uniform_verify_widths(None) is False
-    monkeypatch.setenv(plugin.ENV, "1")
-    cls = _fresh_fake()
-    plugin.patch_backend_class(cls)
-    assert cls(_runner(False)).dflash_verify.uniform_widths is True
-    assert cls(model_runner=_runner(True)).dflash_verify.uniform_widths is False
-
-
-def test_a_uniform_mask_is_not_built_inside_a_graph_capture(monkeypatch):
-    """A tensor filled during a capture holds nothing until the graph runs: the mask is then
-    made by the call's own (captured) ops."""
-    monkeypatch.setattr(plugin, "_UNIFORM_MASKS", {})
+def test_a_draft_block_is_not_kept_from_a_graph_capture(monkeypatch):
+    """A tensor filled during a capture holds nothing until the graph runs: a capture that has to
+    build the block gets its own, by its captured ops, and nothing is kept for later calls."""
+    monkeypatch.setattr(plugin, "_DRAFT_BLOCKS", {})
     monkeypatch.setattr(plugin, "_capturing", lambda device: True)
-    qo = torch.arange(0, 33, 16, dtype=torch.int32)
-    assert plugin.uniform_block_mask(32, 16, True, qo.device) is None
-    got = plugin.chain_or_full_mask(qo, 32, 16, True, uniform_widths=True)
-    assert torch.equal(got, plugin.chain_or_full_mask_torch(qo, 32, 16, True))
-    assert plugin._UNIFORM_MASKS == {(torch.device("cpu"), 16, True): []}
+    got = plugin.shared_draft_block(16, True, torch.device("cpu"))
+    assert torch.equal(got, va.draft_block_mask(16, causal=True))
+    assert plugin._DRAFT_BLOCKS == {(torch.device("cpu"), True): []}
 
 
 def test_the_benchmark_takes_an_installed_sglangs_kernel_without_the_peer_folder(tmp_path, monkeypatch):

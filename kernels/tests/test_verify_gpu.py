@@ -293,18 +293,32 @@ def test_every_candidate_config(cfg):
     _check(case, *_run(case, config=cfg))
 
 
-def test_draft_mask_kernel_matches_the_torch_mask():
-    """The plugin's one-kernel chain mask against its torch ops, over batches whose draft blocks
-    cross the 32-bit word boundary; with `uniform_widths`, [16] and [5] * 48 take the mask built
-    once for uniform draft blocks (`uniform_block_mask`), on the card, and the others the kernel."""
-    from dflash_kernels.sglang_plugin import chain_or_full_mask, chain_or_full_mask_torch
-    for lengths in ([16], [1, 16, 3], [64, 33, 1, 40], [5] * 48):
-        qo = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        for causal in (True, False):
-            want = chain_or_full_mask_torch(qo, int(qo[-1]), max(lengths), causal)
-            for uniform_widths in (False, True):
-                got = chain_or_full_mask(qo, int(qo[-1]), max(lengths), causal, uniform_widths=uniform_widths)
-                assert torch.equal(got, want), (lengths, causal, uniform_widths)
+@pytest.mark.parametrize("causal", [True, False], ids=["chains", "all-visible"])
+@pytest.mark.parametrize("config,kv_dtype", [
+    (None, torch.bfloat16), (None, torch.float8_e4m3fn),  # sm_90's warp-specialised kernel, both loaders
+    ("sm120", torch.bfloat16), ("sm120", torch.float8_e4m3fn),  # sm_120's teams, and its 8-warp kernel
+    ("triton", torch.bfloat16), ("gluon-lockstep", torch.bfloat16),
+], ids=["sm90", "sm90-fp8", "sm120", "sm120-fp8", "triton", "gluon-lockstep"])
+def test_shared_draft_block(config, kv_dtype, causal):
+    """The plugin's mask for calls without a custom mask (DFlash's chains): one draft block's rows
+    that every request reads from its row 0 (block_mask), in every split kernel. Requests of
+    different draft lengths (one across the 32-bit word boundary, one of 1), a table longer
+    than the batch's longest, an empty prefix."""
+    cfg = {None: None, "sm120": va.CONFIGS["sm120"], "triton": va.SM90_TRITON,
+           "gluon-lockstep": va.VerifyConfig(64, 64, 8, 1, 64, False, gluon=True)}[config]
+    if cfg is not None and cfg.gluon and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon split kernel is written for sm_90 (wgmma)")
+    scales = dict(k_scale=0.37, v_scale=1.9) if kv_dtype != torch.bfloat16 else {}
+    case = make_case([0, 40_000, 333, 5000], [16, 35, 1, 40], 8, mask="chain", kv_dtype=kv_dtype)
+    if not causal:
+        case["blocks"] = [torch.ones_like(block) for block in case["blocks"]]
+    n, h = case["q"].shape[:2]
+    out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((n, h), float("nan"), dtype=torch.float32, device="cuda")
+    va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
+                        case["qo_indptr"], va.draft_block_mask(64, causal, "cuda"), SM_SCALE, out=out, lse=lse,
+                        max_q_len=case["max_q_len"], config=cfg, block_mask=True, **scales)
+    _check(case, out, lse, **scales)
 
 
 def test_tree_mask_kernel_matches_pack_custom_mask():
