@@ -791,7 +791,7 @@ def verify_attention(
     if tree_mask.dtype != torch.int32 or not mask_rows_ok or tree_mask.shape[1] < words or tree_mask.stride(1) != 1:
         rows = f">= {mq}" if block_mask else str(n_tok)
         raise ValueError(f"tree_mask: expected int32 ({rows}, >= {words}) with contiguous rows"
-                         f"{' (block_mask: one draft block)' if block_mask else ''}, "
+                         f"{' (block_mask: one draft block of max_q_len rows or more; pass max_q_len)' if block_mask else ''}, "
                          f"got {tree_mask.dtype} {tuple(tree_mask.shape)}")
     if out is None:
         out = torch.empty((n_tok, h, D_NOPE), dtype=torch.bfloat16, device=q.device)

@@ -42,7 +42,8 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
     # a scaled bf16 pool: the single loop for both kinds of program, with the prefix's scales
     dict(lens=[200, 7], ts=[5, 2], heads=4, num_splits=4, k_scale=0.5, v_scale=3.0, config=SMALL),
     # chains of different lengths (one across the 32-bit word boundary) read from one shared
-    # draft block (block_mask): each request from row 0, bits past its own length ignored
+    # draft block (block_mask), each request from its row 0 (the GPU test covers all-visible
+    # blocks, whose rows hold bits past a request's own length)
     dict(lens=[90, 0, 33], ts=[5, 35, 1], heads=2, num_splits=4, mask="chain", block_mask=True,
          config=dict(block_m=32, block_n=32, num_warps=4, num_stages=1, min_chunk=32)),
 ], ids=["mixed-batch", "chain", "one-request-slices", "one-request-empty", "many-splits-paged", "tree-40", "fp8-e4m3-scaled", "fp8-e5m2-paged",
