@@ -207,7 +207,7 @@ def _summed_scores(sp_smem, s3, SUMS_XOR: gl.constexpr, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _team(TEAM: gl.constexpr, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done,
-          idx_ptr, qo_start, pid_m, n_rows, lo, hi, is_draft,
+          idx_ptr, pid_m, n_rows, lo, hi, is_draft,
           mask_rows, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
           NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, ROPE_LINES: gl.constexpr, SUMS_XOR: gl.constexpr):
     """Team TEAM's 16 rows over latents lo .. hi, and their partial result."""
@@ -337,10 +337,10 @@ def _verify_split_kernel_teams(
     part_row0 = pid_s.to(gl.int64) * rows_max
     # (the partitions' arguments written out: a tuple held in a variable turns constexprs into tensors)
     gl.warp_specialize([
-        (_team, (0, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
+        (_team, (0, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, pid_m,
                  n_rows, lo, hi, is_draft, mask_rows, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
                  NUM_HEADS, BLOCK_N, ROPE_LINES, SUMS_XOR)),
-        (_team, (1, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, qo_start, pid_m,
+        (_team, (1, kn_smem, kp_smem, sp_all, pt_all, a_all, ready, kfree, q_ready, q_done, idx_ptr, pid_m,
                  n_rows, lo, hi, is_draft, mask_rows, stride_mask, score_scale, o_scale, PART_O, PART_LSE, part_row0,
                  NUM_HEADS, BLOCK_N, ROPE_LINES, SUMS_XOR)),
         (_loader, (kn_smem, kp_smem, ready, kfree, q_ready, q_done, Q, stride_qt, stride_qh, idx_ptr, k_base,
