@@ -15,14 +15,16 @@ TOL = 1e-2
 LSE_ATOL = 2e-3  # lse is ~log(L); computed in float32 from exact bf16 products
 
 
-def _run(case, num_splits=None, config=None, with_lse=True, **scales):
+def _run(case, num_splits=None, config=None, with_lse=True, **options):
+    """One launch on the case, output and lse poisoned first; options (the pool's scales,
+    block_mask) go to the launcher."""
     n, h = case["q"].shape[:2]
     out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((n, h), float("nan"), dtype=torch.float32, device="cuda") if with_lse else None
     va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
                         case["kv_indptr"], case["qo_indptr"], case["tree_mask"], SM_SCALE,
                         out=out, lse=lse, max_q_len=case["max_q_len"], num_splits=num_splits,
-                        config=config, **scales)
+                        config=config, **options)
     return out, lse
 
 
@@ -312,13 +314,8 @@ def test_shared_draft_block(config, kv_dtype, causal):
     case = make_case([0, 40_000, 333, 5000], [16, 35, 1, 40], 8, mask="chain", kv_dtype=kv_dtype)
     if not causal:
         case["blocks"] = [torch.ones_like(block) for block in case["blocks"]]
-    n, h = case["q"].shape[:2]
-    out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((n, h), float("nan"), dtype=torch.float32, device="cuda")
-    va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
-                        case["qo_indptr"], va.draft_block_mask(64, causal, "cuda"), SM_SCALE, out=out, lse=lse,
-                        max_q_len=case["max_q_len"], config=cfg, block_mask=True, **scales)
-    _check(case, out, lse, **scales)
+    shared = dict(case, tree_mask=va.draft_block_mask(64, causal, "cuda"))
+    _check(case, *_run(shared, config=cfg, block_mask=True, **scales), **scales)
 
 
 def test_tree_mask_kernel_matches_pack_custom_mask():
