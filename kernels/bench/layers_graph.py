@@ -11,8 +11,10 @@ in one graph; the replay's median time divided by N is the per-layer figure. Bot
 printed, with the floor of bench_verify.py (both ceilings measured in this run).
 
 With --plugin, each layer also calls the SGLang plugin's `MlaVerify` as SGLang's Triton backend
-does (DFlash's chains: no custom mask, causal; every call reads the draft block the plugin built
-once), beside the launcher with a mask packed beforehand.
+does, on the batch's tensors that every layer shares: DFlash's chains (no custom mask, causal;
+every call reads the draft block the plugin built once) and DDTree's trees (SGLang's flat custom
+mask). The first layer of the graph packs the mask and plans, the others reuse both; the same
+calls with every layer packing and planning (the plugin before session 26) are timed beside them.
 """
 from __future__ import annotations
 
@@ -28,18 +30,29 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402  (puts the package and the tests folder on sys.path)
 import sweep_verify  # noqa: E402
-from cases import SM_SCALE, make_case  # noqa: E402
-from dflash_kernels.sglang_plugin import MlaVerify  # noqa: E402
+from cases import SM_SCALE, make_case, sglang_custom_mask  # noqa: E402
+from dflash_kernels.sglang_plugin import ForwardPass, MlaVerify  # noqa: E402
 
 va = bv.va
 
 
+PLUGIN_FORMS = ("chains", "trees", "chains-every-layer", "trees-every-layer")
+
+
 def per_layer_us(lens, t, h, layers, cfg, form="launcher"):
     """(one call in its own graph, per layer in a graph of `layers` calls), us. form: "launcher"
-    (verify_attention, mask packed beforehand) or "plugin" (MlaVerify, chains)."""
-    chains = form != "launcher" or t <= 16
+    (verify_attention, mask packed beforehand) or one of PLUGIN_FORMS (MlaVerify on the batch's
+    tensors that all layers share: chains without a custom mask, trees as SGLang's custom mask;
+    "-every-layer": each layer packs and plans, as the plugin did before it shared them)."""
+    chains = form.startswith("chains") or (form == "launcher" and t <= 16)
     cases = [make_case(lens, [t] * len(lens), h, mask="chain" if chains else "tree", pool_extra=1024)
              for _ in range(layers)]
+    custom = (None, None)
+    if form != "launcher":  # one batch, a pool per layer (the pools are alike in size)
+        for c in cases[1:]:
+            c.update({k: cases[0][k] for k in ("kv_indices", "kv_indptr", "qo_indptr", "blocks")})
+        if not chains:
+            custom = sglang_custom_mask(cases[0])
     _, ns, _ = va.plan(cases[0]["q"], len(lens), t, None, cfg)
     ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
     outs = [torch.empty(c["q"].shape[0], h, 512, dtype=torch.bfloat16, device="cuda") for c in cases]
@@ -55,8 +68,10 @@ def per_layer_us(lens, t, h, layers, cfg, form="launcher"):
         n = c["q"].shape[0]
         k_buffer = c["kv_cache"].view(-1, 1, va.D_LATENT)  # SGLang's MLA pool, V a view of its rows
         k = c["k_extend"].view(n, 1, va.D_LATENT)
+        if form.endswith("-every-layer"):
+            plugin_call._pass = ForwardPass()  # (forget the forward: this layer packs and plans)
         served = plugin_call(c["q"], k, k, outs[i], k_buffer, k_buffer[..., :512], c["qo_indptr"], c["kv_indptr"],
-                             c["kv_indices"], None, True, None, t, sm_scale=SM_SCALE, max_bs=len(lens))
+                             c["kv_indices"], custom[0], chains, custom[1], t, sm_scale=SM_SCALE, max_bs=len(lens))
         assert served, plugin_call.last_reason
 
     one = bv.graph_ms(lambda: call(0))
@@ -77,7 +92,7 @@ def main():
     ap.add_argument("--points", default="1024:16,32768:16,65536:16,131072:16,200000:16,131072:64",
                     help="L:t or L1+L2+...:t, comma-separated")
     ap.add_argument("--variant", default=None, help="a sweep_verify.py variant (default: the plan's choice)")
-    ap.add_argument("--plugin", action="store_true", help="also per layer through the SGLang plugin (chains)")
+    ap.add_argument("--plugin", action="store_true", help="also per layer through the SGLang plugin (chains, trees)")
     a = ap.parse_args()
     cfg = sweep_verify.VARIANTS[a.variant] if a.variant else None
     torch.manual_seed(0)
@@ -94,8 +109,11 @@ def main():
         print(f"L={'+'.join(map(str, lens))} t={t}: one call per graph {one:.1f} us, per layer in a graph of "
               f"{a.layers} {per:.1f} us, floor {floor:.1f} us ({100 * floor / per:.1f}% of it per layer)", flush=True)
         if a.plugin:
-            rows[-1]["plugin_per_layer_us"] = per_layer_us(lens, t, 8, a.layers, cfg, "plugin")[1]
-            print(f"  through the plugin (chains), per layer: {rows[-1]['plugin_per_layer_us']:.1f} us", flush=True)
+            plugin = rows[-1]["plugin_per_layer_us"] = {
+                form: per_layer_us(lens, t, 8, a.layers, cfg, form)[1] for form in PLUGIN_FORMS}
+            print("  through the plugin, per layer: " + ", ".join(
+                f"{kind} {plugin[kind]:.1f} us ({plugin[kind + '-every-layer']:.1f} when every layer packs and plans)"
+                for kind in ("chains", "trees")), flush=True)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "layers_graph.json"), "w") as f:

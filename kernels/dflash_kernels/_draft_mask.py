@@ -2,9 +2,10 @@
 call: bit j of word w of token row r is column 32 w + j of r's request's draft block
 (verify_attention's layout, `_pack_bits`).
 
-SGLang's verify calls the attention backend once a layer (61 in Kimi K2.6) with the same mask,
-so its packing is paid 61 times a step: as torch ops (some twenty launches) it cost 1.7-2.7 ms
-a step on the H200, as one kernel 60-100 us (RESULTS.md, session 15). Requests without a custom
+SGLang's verify calls the attention backend once a layer (61 in Kimi K2.6) with the same mask;
+as torch ops in every layer (some twenty launches) its packing cost 1.7-2.7 ms a step on the
+H200, as this kernel in every layer 60-100 us (RESULTS.md, session 15). The plugin now packs it
+in a forward's first layer only (`sglang_plugin.ForwardPass`, session 26). Requests without a custom
 mask (DFlash's chains) need no kernel: they share one draft block built once
 (`sglang_plugin.shared_draft_block`, RESULTS.md session 25).
 

@@ -40,8 +40,8 @@ import sysconfig
 # there); this module is their public face
 from dflash_kernels_startup import ENV, TARGET_MODULE, enabled, install, uninstall_hook
 
-__all__ = ["ENV", "SELFCHECK_ENV", "TARGET_MODULE", "MlaVerify", "card_verdict", "enabled", "install",
-           "packed_custom_mask", "patch_backend_class", "shared_draft_block", "uninstall_hook", "verify_mask",
+__all__ = ["ENV", "SELFCHECK_ENV", "TARGET_MODULE", "ForwardPass", "MlaVerify", "card_verdict", "enabled",
+           "install", "packed_custom_mask", "patch_backend_class", "shared_draft_block", "uninstall_hook", "verify_mask",
            "write_pth"]
 
 PTH_NAME = "dflash_kernels_sglang.pth"
@@ -64,6 +64,7 @@ class MlaVerify:
         # larger batch replaces stays alive: a CUDA graph captured with it still writes there.
         self._workspaces: dict = {}
         self._replaced: list = []
+        self._pass = ForwardPass()  # what this forward's layers share (the mask, the plan)
         self.last_reason = None  # why the last call was not served (for logs and tests)
         self.failed: str | None = None  # the kernel's first failure: SGLang's path serves after it
 
@@ -163,22 +164,64 @@ class MlaVerify:
         va = importlib.import_module(".verify_attention", __package__)
         n_tok, h = q.shape[0], q.shape[1]
         batch = qo_indptr.shape[0] - 1
+        qo_in, kv_in = qo_indptr, kv_indptr
         if qo_indptr.dtype != torch.int32:
             qo_indptr = qo_indptr.to(torch.int32)
         if kv_indptr.dtype != torch.int32:
             kv_indptr = kv_indptr.to(torch.int32)
-        mask, block = verify_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len, causal)
         cfg, ns, mq = va.plan(q, batch, max_q_len, kv_dtype=k_buffer.dtype)
         ws = self._workspace(va, q.device, batch, h, mq, ns, max_bs)
+        # (keyed on SGLang's own tensors, before the int32 copies above)
+        batch_key = (ForwardPass.tensors_key(qo_in, kv_in, custom_mask, mask_indptr),
+                     n_tok, max_q_len, bool(causal), mq, ns, ws[2].data_ptr())
+        reuse = self._pass.continues(k_buffer.data_ptr(), batch_key)
+        if not reuse:
+            mask_and_block = verify_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len, causal)
+            self._pass = ForwardPass(k_buffer.data_ptr(), batch_key, mask_and_block)
+        mask, block = self._pass.mask_and_block
         scale = sm_scale if sm_scale is not None else 576 ** -0.5  # SGLang's default: 1/sqrt(Lq)
         va.verify_attention(q, k.reshape(n_tok, 576), k_buffer, kv_indices, kv_indptr, qo_indptr, mask,
                             float(scale), out=o.view(n_tok, h, 512), workspace=ws, max_q_len=mq,
-                            num_splits=ns, config=cfg, k_scale=k_scale, v_scale=v_scale, block_mask=block)
+                            num_splits=ns, config=cfg, k_scale=k_scale, v_scale=v_scale, block_mask=block,
+                            plan_ready=reuse)
+
+
+class ForwardPass:
+    """What the layers of one verify forward share: the packed draft mask and the workspace's
+    plan, both functions of the batch alone. SGLang calls the backend once a layer (61 in Kimi
+    K2.6) with the same batch tensors, so the first layer of a forward packs the mask and plans
+    (the plan kernel, for batches), and the others reuse both (RESULTS.md session 26).
+
+    Where a forward starts is read from the layers, not from SGLang's metadata calls: a CUDA
+    graph runner sets the metadata once and then runs the forward three times (two warm-ups and
+    the capture), so a cache reset there would leave the captured graph without its mask and
+    plan kernels, on a warm-up's values. Each layer has its own KV pool; a pool seen again starts
+    a new forward. A call whose batch tensors (by address and shape), lengths or workspace differ
+    from the forward's starts one too. What this assumes: a forward calls each layer once, in
+    order, with its metadata's tensors (SGLang's call site, checked in tests/test_sglang_plugin.py),
+    so a new batch reaches the backend at a layer already seen."""
+
+    def __init__(self, first_layer=None, batch_key=None, mask_and_block=None):
+        self.layers = {first_layer} if first_layer is not None else set()
+        self.batch_key = batch_key
+        self.mask_and_block = mask_and_block
+
+    @staticmethod
+    def tensors_key(*tensors):
+        return tuple(None if x is None else (x.data_ptr(), tuple(x.shape), x.dtype) for x in tensors)
+
+    def continues(self, layer: int, batch_key) -> bool:
+        """True (and the layer recorded) when this call is a later layer of the same forward."""
+        if layer in self.layers or batch_key != self.batch_key:
+            return False
+        self.layers.add(layer)
+        return True
 
 
 def packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens: int, max_q_len: int):
     """SGLang's custom mask (DDTree's trees) packed for the kernel: on a GPU by one small kernel
-    (every layer of every verify step packs it), elsewhere by `pack_custom_mask`'s torch ops."""
+    (the first layer of every verify forward packs it, `ForwardPass`), elsewhere by
+    `pack_custom_mask`'s torch ops."""
     if not qo_indptr.is_cuda:
         from .verify_attention import pack_custom_mask
         return pack_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, max_q_len, num_tokens=num_tokens)

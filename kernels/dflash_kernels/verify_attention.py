@@ -711,6 +711,7 @@ def verify_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     block_mask: bool = False,
+    plan_ready: bool = False,
     _phases: tuple = ("split", "merge"),
 ) -> torch.Tensor:
     """MLA target-verify attention.
@@ -744,6 +745,11 @@ def verify_attention(
          pool keys are multiplied by k_scale and P.V over pool values by v_scale; the draft
          latents are not scaled. fp8 pools need sm_89 or newer; on sm_90 they run the
          shipped Gluon kernel, which widens the pool's rows in its loader.
+      block_mask: tree_mask is one draft block's rows shared by every request (see tree_mask).
+      plan_ready: the workspace's plan already holds this batch's slices: an earlier call on this
+         stream planned the same kv_indptr values, batch, max_q_len and num_splits into this
+         workspace (the other layers of one forward). The plan kernel is then not launched; a
+         stale plan gives wrong results, so pass it only when nothing could have changed.
     Returns ``out``.
     """
     # -- validation --
@@ -815,7 +821,7 @@ def verify_attention(
     bs_pad = triton.next_power_of_2(max(batch, 2))
     grid = (triton.cdiv(rows_max, cfg.block_m), ns + 2 * batch)
     if "split" in _phases:  # (_phases: the benchmark times the merge alone)
-        if batch > 1:  # (one request's programs cut their own slices: _program_slice)
+        if batch > 1 and not plan_ready:  # (one request's programs cut their own slices: _program_slice)
             plan_fn, plan_const, plan_opts = plan_kernel(cfg, bs_pad)
             plan_fn[(1,)](kv_indptr, plan_buf, batch, ns, **plan_const, **plan_opts)
         split_args = (q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, plan_buf,

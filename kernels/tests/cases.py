@@ -67,7 +67,7 @@ def sglang_custom_mask(case):
         full[:, L:] = blk
         parts.append(full.reshape(-1))
         ptr.append(ptr[-1] + t * (L + t))
-    return torch.cat(parts), torch.tensor(ptr, dtype=torch.int64, device=case["q"].device)
+    return torch.cat(parts), torch.tensor(ptr, dtype=torch.int64, device=case["qo_indptr"].device)
 
 
 def random_custom_mask(qo_indptr, kv_indptr):

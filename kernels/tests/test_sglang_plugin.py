@@ -77,6 +77,24 @@ def test_call_site_matches_plugin_signature(backend_source):
     assert ast.unparse(parent.body[0]) == "return o"
 
 
+def test_every_layer_gets_the_forwards_batch_tensors_and_its_own_pool(backend_source):
+    """What ForwardPass relies on, read from SGLang's call site: the batch's tensors come from the
+    backend's forward metadata (set once a forward, the same objects in every layer) and the
+    pool from the layer's own id."""
+    fwd = _method(ast.parse(backend_source), "TritonAttnBackend", "forward_extend")
+    (call,) = [n for n in ast.walk(fwd) if isinstance(n, ast.Call)
+               and isinstance(n.func, ast.Name) and n.func.id == "verify_fwd"]
+    pos = [ast.unparse(a) for a in call.args]
+    assert pos[4] == "self.token_to_kv_pool.get_key_buffer(layer.layer_id)"
+    for i, name in ((6, "qo_indptr"), (9, "custom_mask"), (11, "mask_indptr"), (12, "max_extend_len")):
+        assert pos[i] == f"self.forward_metadata.{name}", pos[i]
+    # kv_indptr: a local set from the metadata (the window's for sliding-window layers, which
+    # the plugin declines)
+    assigned = {ast.unparse(n.value) for n in ast.walk(fwd) if isinstance(n, ast.Assign)
+                and any(ast.unparse(t) == pos[7] for t in n.targets)}
+    assert assigned == {"self.forward_metadata.kv_indptr", "self.forward_metadata.window_kv_indptr"}, assigned
+
+
 def test_fast_path_slot_is_what_the_plugin_sets(backend_source):
     tree = ast.parse(backend_source)
     init = _method(tree, "TritonAttnBackend", "__init__")
@@ -412,6 +430,92 @@ def test_a_draft_block_is_not_kept_from_a_graph_capture(monkeypatch):
     got = plugin.shared_draft_block(16, True, torch.device("cpu"))
     assert torch.equal(got, va.draft_block_mask(16, causal=True))
     assert plugin._DRAFT_BLOCKS == {(torch.device("cpu"), True): []}
+
+
+class _Forwards:
+    """SGLang's verify forwards on a pretend sm_90, seen from the plugin: one backend's MlaVerify
+    called once a layer, each layer with its own pool, every layer with the forward's batch
+    tensors. Records what each call hands the launcher and how often the mask is packed."""
+
+    def __init__(self, monkeypatch, layers=4):
+        self.calls, self.packs = [], []
+        monkeypatch.setattr(va, "verify_attention", lambda *args, **kw: self.calls.append((args, kw)))
+        monkeypatch.setattr(va, "_device_info", lambda device: (9, 0, 132))
+        monkeypatch.setattr(plugin.MlaVerify, "unsupported", staticmethod(lambda *a, **kw: None))
+        pack = plugin.verify_mask
+
+        def counting_pack(*args):
+            self.packs.append(args)
+            return pack(*args)
+        monkeypatch.setattr(plugin, "verify_mask", counting_pack)
+        self.pools = [torch.randn(64, 1, 576).bfloat16() for _ in range(layers)]
+        self.verify = plugin.MlaVerify()
+
+    @staticmethod
+    def batch(lengths=(20, 5, 9), t=4):
+        from cases import random_custom_mask
+        qo = torch.arange(0, t * len(lengths) + 1, t, dtype=torch.int32)
+        kv = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        custom, mask_indptr = random_custom_mask(qo, kv)
+        return dict(qo_indptr=qo, kv_indptr=kv, kv_indices=torch.arange(int(kv[-1])), custom_mask=custom,
+                    mask_indptr=mask_indptr, causal=False, max_extend_len=t,
+                    q=torch.randn(int(qo[-1]), 8, 576).bfloat16(), k=torch.randn(int(qo[-1]), 1, 576).bfloat16(),
+                    o=torch.empty(int(qo[-1]), 8, 512, dtype=torch.bfloat16))
+
+    def forward(self, batch, layers=None):
+        """One forward over the given layers; returns (plan_ready, mask) of each call."""
+        first = len(self.calls)
+        for i in range(len(self.pools)) if layers is None else layers:
+            pool = self.pools[i]
+            assert self.verify(**_args(k_buffer=pool, v_buffer=pool[..., :512], **batch)) is True
+        return [(kw["plan_ready"], args[6]) for args, kw in self.calls[first:]]
+
+
+def test_the_layers_of_a_forward_pack_the_mask_and_plan_once(monkeypatch):
+    """SGLang calls the backend once a layer with the same batch: the first layer packs the mask
+    and plans, the others reuse both (the plan kernel skipped); the next forward, on the same
+    tensors (a graph's static buffers) or on new ones, packs and plans again at its first layer."""
+    f = _Forwards(monkeypatch)
+    batch = f.batch()
+    first = f.forward(batch)
+    assert [ready for ready, _ in first] == [False, True, True, True] and len(f.packs) == 1
+    assert all(mask is first[0][1] for _, mask in first)
+    assert torch.equal(first[0][1], va.pack_custom_mask(batch["custom_mask"], batch["mask_indptr"], batch["qo_indptr"],
+                                                        batch["kv_indptr"], 4, num_tokens=12))
+    again = f.forward(batch)  # the same tensors: a CUDA graph runner's buffers, new values in them
+    assert [ready for ready, _ in again] == [False, True, True, True] and len(f.packs) == 2
+    assert again[0][1] is not first[0][1]
+    f.forward(f.batch(lengths=(3, 40, 7)))
+    assert len(f.packs) == 3
+
+
+def test_a_graph_runners_warm_ups_and_capture_each_pack_and_plan(monkeypatch):
+    """SGLang's CudaGraphRunner sets a batch size's metadata once and runs the forward three
+    times (two warm-ups, then the capture): each run starts at the first layer and packs and
+    plans there, so the captured graph holds both kernels, not a warm-up's results."""
+    f = _Forwards(monkeypatch)
+    batch = f.batch()
+    runs = [f.forward(batch) for _ in range(3)]
+    assert [[ready for ready, _ in run] for run in runs] == [[False, True, True, True]] * 3
+    assert len(f.packs) == 3 and len({id(run[0][1]) for run in runs}) == 3
+
+
+def test_a_forward_that_changes_its_batch_midway_packs_again(monkeypatch):
+    """Never a reuse across batches: a call whose batch tensors, lengths or draft length differ
+    from its forward's packs and plans anew, as does a forward cut short and restarted."""
+    f = _Forwards(monkeypatch)
+    batch = f.batch()
+    assert [r for r, _ in f.forward(batch, layers=[0, 1])] == [False, True]
+    other = dict(batch, kv_indptr=batch["kv_indptr"].clone())  # same values, another tensor
+    assert [r for r, _ in f.forward(other, layers=[2, 3])] == [False, True]
+    assert [r for r, _ in f.forward(batch, layers=[0, 1])] == [False, True]  # (cut short before layer 2)
+    for changed in (dict(batch, max_extend_len=5), dict(batch, causal=True),
+                    dict(batch, custom_mask=batch["custom_mask"].clone())):
+        assert [r for r, _ in f.forward(changed, layers=[2])] == [False]
+    assert len(f.packs) == 6
+    # DFlash's chains: nothing to pack (the shared draft block), but the plan is shared the same way
+    chains = dict(batch, custom_mask=None, mask_indptr=None, causal=True)
+    assert [r for r, _ in f.forward(chains)] == [False, True, True, True]
 
 
 def test_the_benchmark_takes_an_installed_sglangs_kernel_without_the_peer_folder(tmp_path, monkeypatch):
