@@ -31,7 +31,7 @@ sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402  (puts the package and the tests folder on sys.path)
 import sweep_verify  # noqa: E402
 from cases import SM_SCALE, make_case, sglang_custom_mask  # noqa: E402
-from dflash_kernels.sglang_plugin import ForwardPass, MlaVerify  # noqa: E402
+from dflash_kernels.sglang_plugin import MlaVerify  # noqa: E402
 
 va = bv.va
 
@@ -69,7 +69,7 @@ def per_layer_us(lens, t, h, layers, cfg, form="launcher"):
         k_buffer = c["kv_cache"].view(-1, 1, va.D_LATENT)  # SGLang's MLA pool, V a view of its rows
         k = c["k_extend"].view(n, 1, va.D_LATENT)
         if form.endswith("-every-layer"):
-            plugin_call._pass = ForwardPass()  # (forget the forward: this layer packs and plans)
+            plugin_call.new_forward()  # (this layer packs and plans)
         served = plugin_call(c["q"], k, k, outs[i], k_buffer, k_buffer[..., :512], c["qo_indptr"], c["kv_indptr"],
                              c["kv_indices"], custom[0], chains, custom[1], t, sm_scale=SM_SCALE, max_bs=len(lens))
         assert served, plugin_call.last_reason

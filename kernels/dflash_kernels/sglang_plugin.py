@@ -144,6 +144,10 @@ class MlaVerify:
             return decline()
         return True
 
+    def new_forward(self):
+        """Forget the current forward: the next call packs the mask and plans (see ForwardPass)."""
+        self._pass = ForwardPass()
+
     def _workspace(self, va, device, batch: int, heads: int, mq: int, ns: int, max_bs: int):
         """Views of the first slots of the shape's workspace, as verify_attention expects them."""
         shapes = va.workspace_shape(batch, heads, mq, ns)
@@ -173,7 +177,7 @@ class MlaVerify:
         ws = self._workspace(va, q.device, batch, h, mq, ns, max_bs)
         # (keyed on SGLang's own tensors, before the int32 copies above)
         batch_key = (ForwardPass.tensors_key(qo_in, kv_in, custom_mask, mask_indptr),
-                     n_tok, max_q_len, bool(causal), mq, ns, ws[2].data_ptr())
+                     n_tok, max_q_len, bool(causal), cfg, ns, ws[2].data_ptr())
         reuse = self._pass.continues(k_buffer.data_ptr(), batch_key)
         if not reuse:
             mask_and_block = verify_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len, causal)
@@ -197,9 +201,12 @@ class ForwardPass:
     the capture), so a cache reset there would leave the captured graph without its mask and
     plan kernels, on a warm-up's values. Each layer has its own KV pool; a pool seen again starts
     a new forward. A call whose batch tensors (by address and shape), lengths or workspace differ
-    from the forward's starts one too. What this assumes: a forward calls each layer once, in
-    order, with its metadata's tensors (SGLang's call site, checked in tests/test_sglang_plugin.py),
-    so a new batch reaches the backend at a layer already seen."""
+    from the forward's starts one too (addresses, not contents: SGLang rewrites a graph's buffers
+    in place between replays). What this assumes: a forward calls each layer once, in order, with
+    its metadata's tensors and the same pools as the forward before it (SGLang's call site,
+    checked in tests/test_sglang_plugin.py), so a new batch reaches the backend at a layer already
+    seen. A caller that runs new pools through the same MlaVerify must call ``new_forward()``
+    first."""
 
     def __init__(self, first_layer=None, batch_key=None, mask_and_block=None):
         self.layers = {first_layer} if first_layer is not None else set()

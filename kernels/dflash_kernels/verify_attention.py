@@ -747,8 +747,8 @@ def verify_attention(
          shipped Gluon kernel, which widens the pool's rows in its loader.
       block_mask: tree_mask is one draft block's rows shared by every request (see tree_mask).
       plan_ready: the workspace's plan already holds this batch's slices: an earlier call on this
-         stream planned the same kv_indptr values, batch, max_q_len and num_splits into this
-         workspace (the other layers of one forward). The plan kernel is then not launched; a
+         stream planned the same kv_indptr values, batch, max_q_len, num_splits and config into
+         this workspace (the other layers of one forward). The plan kernel is then not launched; a
          stale plan gives wrong results, so pass it only when nothing could have changed.
     Returns ``out``.
     """

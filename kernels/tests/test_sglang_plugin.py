@@ -491,8 +491,9 @@ def test_the_layers_of_a_forward_pack_the_mask_and_plan_once(monkeypatch):
 
 def test_a_graph_runners_warm_ups_and_capture_each_pack_and_plan(monkeypatch):
     """SGLang's CudaGraphRunner sets a batch size's metadata once and runs the forward three
-    times (two warm-ups, then the capture): each run starts at the first layer and packs and
-    plans there, so the captured graph holds both kernels, not a warm-up's results."""
+    times (two warm-ups, then the capture) on the same tensors: each run packs and plans at its
+    first layer, so the capture records both kernels instead of reading a warm-up's results.
+    (Here the calls only; the GPU test captures and replays a real graph.)"""
     f = _Forwards(monkeypatch)
     batch = f.batch()
     runs = [f.forward(batch) for _ in range(3)]
@@ -500,22 +501,60 @@ def test_a_graph_runners_warm_ups_and_capture_each_pack_and_plan(monkeypatch):
     assert len(f.packs) == 3 and len({id(run[0][1]) for run in runs}) == 3
 
 
-def test_a_forward_that_changes_its_batch_midway_packs_again(monkeypatch):
-    """Never a reuse across batches: a call whose batch tensors, lengths or draft length differ
-    from its forward's packs and plans anew, as does a forward cut short and restarted."""
+def _changed(batch, part):
+    """The batch with one part of ForwardPass's key changed: same values in other tensors, or
+    other lengths, flags, workspace or config."""
+    if part in ("qo_indptr", "kv_indptr", "custom_mask", "mask_indptr"):
+        return dict(batch, **{part: batch[part].clone()})
+    if part == "num_tokens":  # (a padded layout: more token rows than qo_indptr's last entry)
+        n = batch["q"].shape[0] + 4
+        return dict(batch, q=torch.randn(n, 8, 576).bfloat16(), k=torch.randn(n, 1, 576).bfloat16(),
+                    o=torch.empty(n, 8, 512, dtype=torch.bfloat16))
+    return dict(batch, **{"max_extend_len": dict(max_extend_len=5), "causal": dict(causal=True)}[part])
+
+
+@pytest.mark.parametrize("part", ["qo_indptr", "kv_indptr", "custom_mask", "mask_indptr", "num_tokens",
+                                  "max_extend_len", "causal", "workspace"])
+def test_a_forward_whose_batch_changes_midway_packs_and_plans_again(monkeypatch, part):
+    """Never a reuse across batches: a call whose batch tensors (another tensor with the same
+    values counts as another batch), token count, draft length, causal flag or workspace differ
+    from its forward's packs and plans anew, and the layers after it reuse that."""
     f = _Forwards(monkeypatch)
     batch = f.batch()
     assert [r for r, _ in f.forward(batch, layers=[0, 1])] == [False, True]
-    other = dict(batch, kv_indptr=batch["kv_indptr"].clone())  # same values, another tensor
-    assert [r for r, _ in f.forward(other, layers=[2, 3])] == [False, True]
-    assert [r for r, _ in f.forward(batch, layers=[0, 1])] == [False, True]  # (cut short before layer 2)
-    for changed in (dict(batch, max_extend_len=5), dict(batch, causal=True),
-                    dict(batch, custom_mask=batch["custom_mask"].clone())):
-        assert [r for r, _ in f.forward(changed, layers=[2])] == [False]
-    assert len(f.packs) == 6
-    # DFlash's chains: nothing to pack (the shared draft block), but the plan is shared the same way
+    if part == "workspace":  # (another workspace: the next call allocates a new one)
+        f.verify._workspaces.clear()
+    else:
+        batch = _changed(batch, part)
+    assert [r for r, _ in f.forward(batch, layers=[2, 3])] == [False, True]
+    assert len(f.packs) == 2
+
+
+def test_a_pool_of_another_config_plans_again(monkeypatch):
+    """The plan's tile sizes come from the config, which may follow the pool's dtype (sm_120
+    without Gluon: one Triton config for bf16 pools, another for fp8 ones)."""
+    f = _Forwards(monkeypatch)
+    monkeypatch.setattr(va, "_device_info", lambda device: (12, 0, 188))
+    monkeypatch.setattr(va, "gluon_available", lambda: False)
+    f.pools[2] = f.pools[2].to(torch.float8_e4m3fn)
+    assert [r for r, _ in f.forward(f.batch())] == [False, True, False, False]
+    assert [kw["config"] for _, kw in f.calls] == [va.SM120_TRITON] * 2 + [va.SM120_TRITON_FP8, va.SM120_TRITON]
+
+
+def test_a_forward_cut_short_or_of_chains_shares_the_same_way(monkeypatch):
+    """A forward cut short and restarted packs again at its first layer; DFlash's chains have
+    nothing to pack (the shared draft block) but share the plan the same way; new_forward()
+    forgets the forward (a caller with new pools)."""
+    f = _Forwards(monkeypatch)
+    batch = f.batch()
+    assert [r for r, _ in f.forward(batch, layers=[0, 1])] == [False, True]
+    assert [r for r, _ in f.forward(batch, layers=[0, 1, 2, 3])] == [False, True, True, True]
     chains = dict(batch, custom_mask=None, mask_indptr=None, causal=True)
     assert [r for r, _ in f.forward(chains)] == [False, True, True, True]
+    assert len(f.packs) == 3
+    f.forward(chains, layers=[0])
+    f.verify.new_forward()
+    assert [r for r, _ in f.forward(chains, layers=[1, 2])] == [False, True]
 
 
 def test_the_benchmark_takes_an_installed_sglangs_kernel_without_the_peer_folder(tmp_path, monkeypatch):

@@ -407,25 +407,32 @@ def test_sglang_plugin_path_matches_sglang():
     assert fn.last_reason == "logit cap"
 
 
-def _forward_batch(lens, t, pool_rows, gen):
+def _forward_batch(lens, t, pool_rows, gen, trees=True):
     """One verify batch as SGLang's backend hands it to every layer: int64 kv_indices into the
-    layers' pools, DDTree's random trees as its flat custom mask and int64 mask_indptr."""
+    layers' pools, and DDTree's random trees as its flat custom mask and int64 mask_indptr (or
+    DFlash's chains: no custom mask, causal)."""
     from cases import sglang_custom_mask
     bs = len(lens)
     case = dict(qo_indptr=torch.arange(0, t * bs + 1, t, dtype=torch.int32, device="cuda"),
                 kv_indptr=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda"),
-                kv_indices=torch.randperm(pool_rows, generator=gen)[:sum(lens)].cuda(),
-                blocks=[va.tree_mask_from_parents(va.random_tree_parents(t, gen)).cuda() for _ in lens])
-    case["custom_mask"], case["mask_indptr"] = sglang_custom_mask(case)
+                kv_indices=torch.randperm(pool_rows, generator=gen)[:sum(lens)].cuda())
+    if trees:
+        case["blocks"] = [va.tree_mask_from_parents(va.random_tree_parents(t, gen)).cuda() for _ in lens]
+        case["custom_mask"], case["mask_indptr"] = sglang_custom_mask(case)
+    else:
+        case["blocks"] = [va.chain_tree_mask(t).cuda() for _ in lens]
+        case["custom_mask"] = case["mask_indptr"] = None
     return case
 
 
 def test_sglang_plugin_layers_of_a_forward_share_one_mask_and_plan():
     """Layers through the plugin as SGLang runs a verify forward (one batch's tensors, a pool per
-    layer): the first layer packs the tree mask and plans, the others reuse both. Two eager
-    forwards of different batches, then a CUDA graph runner's sequence on static buffers (two
-    warm-ups and the capture), replayed with new lengths, trees and inputs: every layer of every
-    forward against the float32 reference (a layer on another batch's plan or mask fails it)."""
+    layer): the first layer packs the tree mask and plans, the others reuse both. Eager forwards
+    of batches of trees and of chains; then a CUDA graph runner's sequence for two batch sizes on
+    static buffers (two warm-ups and the capture each, one memory pool for both graphs), the
+    graphs replayed in turn with new lengths, trees and inputs; then an eager forward again.
+    Every layer of every forward against the float32 reference: a layer left on another batch's
+    plan or mask fails it."""
     from dflash_kernels.sglang_plugin import MlaVerify
     h, t, layers, max_len = 8, 16, 4, 40_000
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
@@ -437,52 +444,61 @@ def test_sglang_plugin_layers_of_a_forward_share_one_mask_and_plan():
         for layer in range(layers):
             kb, ke = pools[layer], kexts[layer].view(-1, 1, 576)
             served = fn(qs[layer], ke, ke[..., :512], outs[layer], kb, kb[..., :512], case["qo_indptr"],
-                        case["kv_indptr"], case["kv_indices"], case["custom_mask"], False, case["mask_indptr"], t,
-                        1.0, 1.0, SM_SCALE, logit_cap=0.0, sliding_window_size=-1, sinks=None,
-                        window_kv_offsets=None, xai_temperature_len=-1, max_bs=8)
+                        case["kv_indptr"], case["kv_indices"], case["custom_mask"], case["custom_mask"] is None,
+                        case["mask_indptr"], t, 1.0, 1.0, SM_SCALE, logit_cap=0.0, sliding_window_size=-1,
+                        sinks=None, window_kv_offsets=None, xai_temperature_len=-1, max_bs=8)
             assert served is True, fn.last_reason
 
     def inputs(bs):
         qs = [torch.randn(bs * t, h, 576, generator=gen).to(torch.bfloat16).cuda() for _ in range(layers)]
-        return qs, [torch.randn(bs * t, 576, generator=gen).to(torch.bfloat16).cuda() for _ in range(layers)]
+        kexts = [torch.randn(bs * t, 576, generator=gen).to(torch.bfloat16).cuda() for _ in range(layers)]
+        outs = [torch.full((bs * t, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
+        return qs, kexts, outs
 
-    def check(case, qs, kexts, outs):
+    def check(case, qs, kexts, outs, what):
         torch.cuda.synchronize()
         for layer in range(layers):
             ref = va.reference_verify_attention(qs[layer], kexts[layer], pools[layer], case["kv_indices"],
                                                 case["kv_indptr"], case["qo_indptr"], case["blocks"], SM_SCALE)[0]
-            assert not torch.isnan(outs[layer]).any(), f"layer {layer}: unwritten or NaN output"
-            assert rel_err(outs[layer], ref) < TOL, f"layer {layer}"
+            assert not torch.isnan(outs[layer]).any(), f"{what}, layer {layer}: unwritten or NaN output"
+            assert rel_err(outs[layer], ref) < TOL, f"{what}, layer {layer}"
 
-    for lens in ([30_000, 77, 5000], [2, 39_000, 12_345, 600]):  # eager: new tensors each forward
-        case, (qs, kexts) = _forward_batch(lens, t, pool_rows, gen), inputs(len(lens))
-        outs = [torch.full((len(lens) * t, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-                for _ in range(layers)]
-        forward(case, qs, kexts, outs)
-        check(case, qs, kexts, outs)
+    def eager(lens, trees):
+        case, io = _forward_batch(lens, t, pool_rows, gen, trees), inputs(len(lens))
+        forward(case, *io)
+        check(case, *io, f"eager {lens}")
 
-    # a graph runner's static buffers, sized for the longest batch; captured on its own values
-    bs = 3
-    static = _forward_batch([max_len] * bs, t, pool_rows, gen)
-    s = dict(static, kv_indices=static["kv_indices"].clone(), custom_mask=static["custom_mask"].clone())
-    qs, kexts = inputs(bs)
-    outs = [torch.empty(bs * t, h, 512, dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
-    for _ in range(2):
-        forward(s, qs, kexts, outs)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        forward(s, qs, kexts, outs)
-    for lens in ([5, max_len, 0], [21_000, 1, max_len - 1], [7777, 7777, max_len]):
+    eager([30_000, 77, 5000], trees=True)  # eager: new tensors each forward
+    eager([2, 39_000, 12_345, 600], trees=True)
+    eager([21_000, 0, 9_999, 40_000], trees=False)
+
+    # a graph runner's static buffers per batch size, sized for the longest batch and captured
+    # on their own values; both graphs in one memory pool, as SGLang's runner shares one
+    graphs, mempool = {}, None
+    for bs in (3, 2):
+        static = _forward_batch([max_len] * bs, t, pool_rows, gen)
+        s = dict(static, kv_indices=static["kv_indices"].clone(), custom_mask=static["custom_mask"].clone())
+        io = inputs(bs)
+        for _ in range(2):
+            forward(s, *io)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=mempool):
+            forward(s, *io)
+        mempool = g.pool()
+        graphs[bs] = (g, s, io)
+    for lens in ([5, max_len, 0], [21_000, 1], [7777, 7777, max_len], [max_len - 1, 333]):
+        g, s, (qs, kexts, outs) = graphs[len(lens)]
         case = _forward_batch(lens, t, pool_rows, gen)
         for name in ("kv_indptr", "mask_indptr"):
             s[name].copy_(case[name])
         s["kv_indices"][:case["kv_indices"].numel()].copy_(case["kv_indices"])
         s["custom_mask"][:case["custom_mask"].numel()].copy_(case["custom_mask"])
-        new_qs, new_kexts = inputs(bs)
+        new_qs, new_kexts, _ = inputs(len(lens))
         for layer in range(layers):
             qs[layer].copy_(new_qs[layer])
             kexts[layer].copy_(new_kexts[layer])
             outs[layer].fill_(float("nan"))
         g.replay()
-        check(case, qs, kexts, outs)
+        check(case, qs, kexts, outs, f"graph replay {lens}")
+    eager([600, 30_000, 2], trees=True)  # and eagerly again after the replays
