@@ -200,9 +200,10 @@ class ForwardPass:
     graph runner sets the metadata once and then runs the forward three times (two warm-ups and
     the capture), so a cache reset there would leave the captured graph without its mask and
     plan kernels, on a warm-up's values. Each layer has its own KV pool; a pool seen again starts
-    a new forward. A call whose batch tensors (by address and shape), lengths or workspace differ
-    from the forward's starts one too (addresses, not contents: SGLang rewrites a graph's buffers
-    in place between replays). What this assumes: a forward calls each layer once, in order, with
+    a new forward. A call whose batch tensors (by address, shape and dtype), token count, draft
+    length, causal flag, config or workspace differ from the forward's starts one too
+    (addresses, not contents: SGLang rewrites a graph's buffers in place between replays).
+    What this assumes: a forward calls each layer once, in order, with
     its metadata's tensors and the same pools as the forward before it (SGLang's call site,
     checked in tests/test_sglang_plugin.py), so a new batch reaches the backend at a layer already
     seen. A caller that runs new pools through the same MlaVerify must call ``new_forward()``
