@@ -50,6 +50,10 @@ VARIANTS = {
     "gluon-ws-c128": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128),
     "gluon-ws-c128q": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1),
     "gluon-ws-c128qr": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=2),
+    # session 27: FlashMLA's seesaw schedule (verify_seesaw.py): two symmetric MMA groups take the
+    # tiles in pairs, each computes S of one tile and half of the output; four and three K buffers
+    "gluon-seesaw": V(64, 32, 4, 4, 64, False, gluon=True, seesaw=True),
+    "gluon-seesaw-s3": V(64, 32, 4, 3, 64, False, gluon=True, seesaw=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

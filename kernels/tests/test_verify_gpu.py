@@ -280,6 +280,10 @@ CANDIDATES = [
     # its warp-specialised twin, with the S group's 256 columns and Q in shared memory (what fp8
     # pools run; bf16 pools run CONFIGS["sm90"], 128 columns and part of Q in registers)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True),
+    # FlashMLA's seesaw schedule (verify_seesaw.py), a candidate: four and three K buffers (a
+    # pair's two tiles and the loader's lead)
+    va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, seesaw=True),
+    va.VerifyConfig(64, 32, 4, 3, 64, gluon=True, seesaw=True),
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
