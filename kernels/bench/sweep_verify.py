@@ -50,6 +50,9 @@ VARIANTS = {
     "gluon-ws-c128": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128),
     "gluon-ws-c128q": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1),
     "gluon-ws-c128qr": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=2),
+    # session 27: Q's columns 0..383 in registers (24 of S's 36 wgmma read one operand from shared
+    # memory), the loader in 24 registers so that the S group gets 248
+    "gluon-ws-c128q3": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=3),
     # session 27: FlashMLA's seesaw schedule (verify_seesaw.py): two symmetric MMA groups take the
     # tiles in pairs, each computes S of one tile and half of the output; four and three K buffers
     "gluon-seesaw": V(64, 32, 4, 4, 64, False, gluon=True, seesaw=True),

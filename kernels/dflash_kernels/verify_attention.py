@@ -426,8 +426,8 @@ class VerifyConfig:
     def __post_init__(self):
         if self.merge_tile is not None and not isinstance(self.merge_tile, MergeTile):
             object.__setattr__(self, "merge_tile", MergeTile(*self.merge_tile))
-        if self.s_cols not in (128, 256) or self.q_regs not in (0, 1, 2):
-            raise ValueError(f"VerifyConfig: s_cols must be 128 or 256 and q_regs 0, 1 or 2 (got {self.s_cols}, "
+        if self.s_cols not in (128, 256) or self.q_regs not in (0, 1, 2, 3):
+            raise ValueError(f"VerifyConfig: s_cols must be 128 or 256 and q_regs 0, 1, 2 or 3 (got {self.s_cols}, "
                              f"{self.q_regs})")
         if (self.s_cols != 256 or self.q_regs) and not self.warp_specialized:
             raise ValueError("VerifyConfig: s_cols and q_regs shape sm_90's warp-specialised kernel; set "

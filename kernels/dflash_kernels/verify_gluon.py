@@ -249,6 +249,21 @@ def _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, buf, zero_s):
 
 
 @gluon.jit
+def _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, zero_s, Q_REGS: gl.constexpr):
+    """_issue_s for the S group, whose Q_REGS 3 holds Q's columns 256..383 in registers too (q_mid):
+    the second nope half is then two chains, 8 wgmma from registers and 8 from shared memory."""
+    if Q_REGS == 3:
+        kh = kn_hi.index(buf)
+        s = warpgroup_mma(q_lo, kn_lo.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_mid, kh.slice(0, 128, dim=1).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn_hi.slice(128, 128, dim=1), kh.slice(128, 128, dim=1).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(q_pe, kp_s.index(buf).permute((1, 0)), s, is_async=True)
+    else:
+        s = _issue_s(q_lo, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, zero_s)
+    return s
+
+
+@gluon.jit
 def _store_partial_hi(acc, l_div, PART_O, part_row0, n_rows_here, BLOCK_M: gl.constexpr, COL0: gl.constexpr):
     """Output columns COL0 .. COL0 + width of a warp-specialised program's partial result
     (acc / l_div, l_div in acc's row layout); rows past n_rows_here are left alone."""
@@ -302,6 +317,9 @@ WS_LOADER_WARPS = gl.constexpr(4)  # partitions are whole warpgroups (registers 
 WS_GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_LOADER_WARPS, 1], [1, 0])
 WS_V_REGS = gl.constexpr(184)  # the V group: 64 x 256 fp32 accumulators (128 per thread) and addresses
 WS_LOADER_REGS = gl.constexpr(40)
+# the bf16 loader fits in 24 (no spill): beside the wide V group that leaves the S group 248, room for
+# Q's columns 0..383 in registers (Q_REGS 3: 96 a thread)
+WS_LOADER_NARROW_REGS = gl.constexpr(24)
 WS_V_WIDE_REGS = gl.constexpr(232)  # the V group of 384 columns (S_COLS 128): 192 accumulators a thread
 # launch limit: 12 warps x 32 threads x 168 <= 65,536 registers; the partitions then take the V
 # group's and the loader's counts, and the S group the rest of 504 a thread (at most 256). Beside
@@ -518,18 +536,24 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
     acc = gl.zeros([BLOCK_M, S_COLS], gl.float32, layout=O_L)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L)
     mbarrier.wait(q_ready, 0)  # the loader's copy of Q (_copy_q)
-    # Q's first 256 columns (Q_REGS >= 1) and its rope part (Q_REGS == 2) as S's register operand
+    # Q as S's register operand: its first 256 columns (Q_REGS >= 1), and its rope part (2) or
+    # the next 128 columns (3)
+    Q_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2)
     if Q_REGS >= 1:
-        q_lo = qn_lo.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+        q_lo = qn_lo.load(Q_OP)
     else:
         q_lo = qn_lo
-    if Q_REGS >= 2:
-        q_pe = qp_s.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    if Q_REGS == 2:
+        q_pe = qp_s.load(Q_OP)
     else:
         q_pe = qp_s
+    if Q_REGS == 3:
+        q_mid = qn_hi.slice(0, 128, dim=1).load(Q_OP)
+    else:
+        q_mid = 0  # (unused)
     mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
     fence_async_shared()
-    s = _issue_s(q_lo, qn_hi, q_pe, kn_lo, kn_hi, kp_s, 0, zero_s)
+    s = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, 0, zero_s, Q_REGS)
     s = warpgroup_mma_wait(0, deps=[s])
     for j in range(n_tiles):
         buf = j % NUM_STAGES
@@ -539,7 +563,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         nb = (j + 1) % NUM_STAGES
         mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
         fence_async_shared()
-        s_nx = _issue_s(q_lo, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s)
+        s_nx = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, Q_REGS)
         p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
                                                   BLOCK_N, COL_S)
         # the V group is done with P_{j-1} and its scale
@@ -638,6 +662,8 @@ def _verify_split_kernel_gluon_ws(
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     if KV_FP8:
         loader_regs: gl.constexpr = WS_FP8_LOADER_REGS
+    elif Q_REGS == 3:
+        loader_regs: gl.constexpr = WS_LOADER_NARROW_REGS
     else:
         loader_regs: gl.constexpr = WS_LOADER_REGS
     if S_COLS == 256:

@@ -280,6 +280,8 @@ CANDIDATES = [
     # its warp-specialised twin, with the S group's 256 columns and Q in shared memory (what fp8
     # pools run; bf16 pools run CONFIGS["sm90"], 128 columns and part of Q in registers)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True),
+    # Q's columns 0..383 in the S group's registers (session 27)
+    va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3),
     # FlashMLA's seesaw schedule (verify_seesaw.py), a candidate: four and three K buffers (a
     # pair's two tiles and the loader's lead)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, seesaw=True),
