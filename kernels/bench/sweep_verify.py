@@ -53,10 +53,6 @@ VARIANTS = {
     # session 27: Q's columns 0..383 in registers (24 of S's 36 wgmma read one operand from shared
     # memory), the loader in 24 registers so that the S group gets 248
     "gluon-ws-c128q3": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=3),
-    # session 27: FlashMLA's seesaw schedule (verify_seesaw.py): two symmetric MMA groups take the
-    # tiles in pairs, each computes S of one tile and half of the output; four and three K buffers
-    "gluon-seesaw": V(64, 32, 4, 4, 64, False, gluon=True, seesaw=True),
-    "gluon-seesaw-s3": V(64, 32, 4, 3, 64, False, gluon=True, seesaw=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the
@@ -99,6 +95,9 @@ VARIANTS = {
     "sm120_fp8-m16n32w8-idx": V(16, 32, 8, 2, idx_ahead=True),
     "sm120_fp8-m16n32w4-idx": V(16, 32, 4, 2, idx_ahead=True),
 }
+# Session 27's seesaw kernel (FlashMLA's schedule: two symmetric MMA groups, each computing S of
+# every other tile and half of the output) was measured 7-11% slower at 128k and removed; it is in
+# commit efdfb94 (verify_seesaw.py), its logs in bench/results/h200_2026-12-03_s27_*seesaw*.
 # Variants measured in session 2 and then removed from the code because they lost (RESULTS.md,
 # history 4d, 6a, 6b; their logs are in bench/results/h200_2026-11-29_s2_sweep*.log): "sp-*" (P
 # shared through a global scratch in the Triton kernel), "gluon-n64-lazy" (lazy softmax

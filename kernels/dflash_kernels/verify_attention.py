@@ -407,9 +407,6 @@ class VerifyConfig:
     # group the rest), and Q's blocks it holds in registers (0; 1: columns 0..255; 2: and rope)
     s_cols: int = 256
     q_regs: int = 0
-    # with gluon: FlashMLA's seesaw schedule (verify_seesaw.py: two symmetric MMA warpgroups, each
-    # computing S of every other tile and half of the output, and the loader); a candidate
-    seesaw: bool = False
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
@@ -435,9 +432,6 @@ class VerifyConfig:
         if (self.rope_lines or self.sums_xor) and not self.teams:
             raise ValueError("VerifyConfig: rope_lines and sums_xor shape sm_120's two-team kernel; set mma2=True "
                              "and teams=True or leave them False")
-        if self.seesaw and (not self.gluon or self.warp_specialized or self.block_m != 64):
-            raise ValueError("VerifyConfig: seesaw is sm_90's Gluon kernel of 64 rows; set gluon=True, block_m=64 "
-                             "and leave warp_specialized False")
         if self.q_regs and self.s_cols != 128:
             raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
                              "registers left for Q (it spills)")
@@ -561,10 +555,6 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     if not cfg.gluon:
         return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
-    if cfg.seesaw:
-        verify_seesaw = importlib.import_module(".verify_seesaw", __package__)
-        return (verify_seesaw._verify_split_kernel_seesaw, {**const, "NUM_STAGES": cfg.num_stages},
-                {**opts, "maxnreg": verify_gluon.WS_MAXNREG})
     if cfg.warp_specialized:
         # (fp8 pools: the S group keeps 256 columns and Q in shared memory, see CONFIGS["sm90"])
         s_cols, q_regs = (256, 0) if fp8_pool else (cfg.s_cols, cfg.q_regs)

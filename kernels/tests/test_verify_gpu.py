@@ -282,10 +282,6 @@ CANDIDATES = [
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True),
     # Q's columns 0..383 in the S group's registers (session 27)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3),
-    # FlashMLA's seesaw schedule (verify_seesaw.py), a candidate: four and three K buffers (a
-    # pair's two tiles and the loader's lead)
-    va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, seesaw=True),
-    va.VerifyConfig(64, 32, 4, 3, 64, gluon=True, seesaw=True),
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
