@@ -404,7 +404,8 @@ class VerifyConfig:
     gluon: bool = False  # sm_90 only: the Gluon split kernel (verify_gluon.py); block_m 64, 8 warps
     warp_specialized: bool = False  # with gluon: the warp-specialised Gluon kernel (4 warps + 2 workers)
     # with warp_specialized, for bf16 pools: output columns the S group keeps (256 or 128; the V
-    # group the rest), and Q's blocks it holds in registers (0; 1: columns 0..255; 2: and rope)
+    # group the rest), and Q's blocks it holds in registers (0; 1: columns 0..255; 2: and rope;
+    # 3: columns 0..383)
     s_cols: int = 256
     q_regs: int = 0
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
@@ -449,15 +450,17 @@ CONFIGS = {
     # 1.3x faster at 128k than the lock-step Gluon kernel (session 2), which stays in the sweeps.
     # It reads every pool: its loader widens an fp8 pool's rows to bf16 (session 8).
     # For bf16 pools its S group keeps 128 of the 512 output columns (the V group 384) and holds
-    # Q's first 256 columns in registers, so 16 of S's 36 wgmma read one operand from shared
-    # memory: 4-5% faster at 128k-200k, t = 16, 5% at t = 64, 5.5-6.5% on mixed batches
-    # (session 13). fp8 pools keep 256 columns and Q in shared memory (split_kernel): their
-    # loader's registers leave the S group too few for Q, and the new layouts measured 3-11%
-    # slower there at 128k.
+    # Q's first 256 columns in registers, so only 20 of S's 36 wgmma read both operands from
+    # shared memory: 4-5% faster at 128k-200k, t = 16, 5% at t = 64, 5.5-6.5% on mixed batches
+    # (session 13). Since session 27 it holds Q's columns 0..383 (the loader in 24 registers
+    # leaves the S group 248), so 12 of 36: per layer in a graph 1-1.5 us less at 128k, 2.6-3.3
+    # at 200k, 5-7 at t = 64, the same at 1k and 32k. fp8 pools keep 256 columns and Q in shared
+    # memory (split_kernel): their loader's registers leave the S group too few for Q, and the
+    # new layouts measured 3-11% slower there at 128k.
     # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
-                         warp_specialized=True, s_cols=128, q_regs=1),
+                         warp_specialized=True, s_cols=128, q_regs=3),
     # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Gluon kernel over
     # S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers, S^T's columns
     # split over the warps: 92 KB, 240 registers (232 for fp8 pools, which it widens in shared

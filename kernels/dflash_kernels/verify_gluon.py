@@ -303,6 +303,7 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
 #     core works through it (RESULTS.md, session 4: 118 -> 106 us at 128k). With S_COLS = 128 it
 #     has the registers to hold Q's first 256 columns (Q_REGS): S's 16 wgmma over them then read
 #     only K from shared memory, the pipe every operand and copy shares (session 13: -5.5% at 128k);
+#     with the loader in 24 registers, its first 384 (Q_REGS 3, session 27: 1-2.5% from 128k);
 #   * worker 1 (the "V" group): the rest of P.V (columns S_COLS..511), as soon as P is there;
 #   * worker 2 (the loader): Q, then the latent gathers (cp.async, completion counted on an
 #     mbarrier), so no MMA warp ever waits in the load-store queue; it also widens the rows of an

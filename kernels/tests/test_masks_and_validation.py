@@ -145,11 +145,11 @@ def test_every_pool_runs_the_shipped_kernels():
                 va.CONFIGS["sm80"]):
         assert va.takes_scales(va.split_kernel(cfg, 8)[0]), cfg
         assert va.takes_scales(va.split_kernel(cfg, 8, fp8_pool=True)[0]), cfg
-    # sm_90: bf16 pools run the layout with 128 S-group columns and Q's first 256 columns in
-    # registers; fp8 pools the one with 256 columns and Q in shared memory (session 13)
+    # sm_90: bf16 pools run the layout with 128 S-group columns and Q's first 384 columns in
+    # registers (sessions 13 and 27); fp8 pools the one with 256 columns and Q in shared memory
     _, bf16_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8)
     _, fp8_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8, fp8_pool=True)
-    assert (bf16_const["S_COLS"], bf16_const["Q_REGS"], fp8_const["S_COLS"], fp8_const["Q_REGS"]) == (128, 1, 256, 0)
+    assert (bf16_const["S_COLS"], bf16_const["Q_REGS"], fp8_const["S_COLS"], fp8_const["Q_REGS"]) == (128, 3, 256, 0)
     # sm_120: bf16 pools run the two-team kernel (4 warps at launch, 12 in all), fp8 pools the
     # 8-warp kernel, which widens their tiles (session 12)
     teams, _, teams_opts = va.split_kernel(va.CONFIGS["sm120"], 8)
@@ -168,7 +168,7 @@ def test_every_pool_runs_the_shipped_kernels():
 
 @pytest.mark.parametrize("fields, message", [
     (dict(s_cols=64), "s_cols must be 128 or 256"),
-    (dict(q_regs=3, s_cols=128), "q_regs 0, 1 or 2"),
+    (dict(q_regs=4, s_cols=128), "q_regs 0, 1, 2 or 3"),
     (dict(q_regs=1), "q_regs needs s_cols=128"),
 ])
 def test_sm90_layout_fields_are_checked(fields, message):
