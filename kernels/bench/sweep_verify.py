@@ -53,6 +53,9 @@ VARIANTS = {
     # session 27: Q's columns 0..383 in registers (24 of S's 36 wgmma read one operand from shared
     # memory), the loader in 24 registers so that the S group gets 248
     "gluon-ws-c128q3": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=3),
+    # and P.V with P from registers (the V group reads P from shared memory once for both chains)
+    "gluon-ws-c128q3p": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=3,
+                          p_regs=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

@@ -408,6 +408,9 @@ class VerifyConfig:
     # 3: columns 0..383)
     s_cols: int = 256
     q_regs: int = 0
+    # with warp_specialized, for bf16 pools: P.V takes P from registers (the S group its own, the
+    # V group P read from shared memory once for both of its chains)
+    p_regs: bool = False
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
@@ -427,8 +430,8 @@ class VerifyConfig:
         if self.s_cols not in (128, 256) or self.q_regs not in (0, 1, 2, 3):
             raise ValueError(f"VerifyConfig: s_cols must be 128 or 256 and q_regs 0, 1, 2 or 3 (got {self.s_cols}, "
                              f"{self.q_regs})")
-        if (self.s_cols != 256 or self.q_regs) and not self.warp_specialized:
-            raise ValueError("VerifyConfig: s_cols and q_regs shape sm_90's warp-specialised kernel; set "
+        if (self.s_cols != 256 or self.q_regs or self.p_regs) and not self.warp_specialized:
+            raise ValueError("VerifyConfig: s_cols, q_regs and p_regs shape sm_90's warp-specialised kernel; set "
                              "warp_specialized=True (and gluon=True) or leave them at 256 and 0")
         if (self.rope_lines or self.sums_xor) and not self.teams:
             raise ValueError("VerifyConfig: rope_lines and sums_xor shape sm_120's two-team kernel; set mma2=True "
@@ -454,13 +457,16 @@ CONFIGS = {
     # shared memory: 4-5% faster at 128k-200k, t = 16, 5% at t = 64, 5.5-6.5% on mixed batches
     # (session 13). Since session 27 it holds Q's columns 0..383 (the loader in 24 registers
     # leaves the S group 248), so 12 of 36: per layer in a graph 1-1.5 us less at 128k, 2.6-3.3
-    # at 200k, 5-7 at t = 64, the same at 1k and 32k. fp8 pools keep 256 columns and Q in shared
-    # memory (split_kernel): their loader's registers leave the S group too few for Q, and the
-    # new layouts measured 3-11% slower there at 128k.
+    # at 200k, 5-7 at t = 64, the same at 1k and 32k; and P.V takes P from registers (the S group
+    # its own P, the V group P read once for its two chains: 8 KB a tile less through shared
+    # memory): per layer 0.2-0.5 us less at 128k, 1-2 at 200k, 3.4 at t = 64, no point slower
+    # (session 27). fp8 pools keep 256 columns and Q and P in shared memory (split_kernel): their
+    # loader's registers leave the S group too few for Q, and the new layouts measured 3-11%
+    # slower there at 128k.
     # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
-                         warp_specialized=True, s_cols=128, q_regs=3),
+                         warp_specialized=True, s_cols=128, q_regs=3, p_regs=True),
     # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Gluon kernel over
     # S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers, S^T's columns
     # split over the warps: 92 KB, 240 registers (232 for fp8 pools, which it widens in shared
@@ -560,9 +566,9 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
         # (fp8 pools: the S group keeps 256 columns and Q in shared memory, see CONFIGS["sm90"])
-        s_cols, q_regs = (256, 0) if fp8_pool else (cfg.s_cols, cfg.q_regs)
+        s_cols, q_regs, p_regs = (256, 0, False) if fp8_pool else (cfg.s_cols, cfg.q_regs, cfg.p_regs)
         ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
-                    "S_COLS": s_cols, "Q_REGS": q_regs}
+                    "S_COLS": s_cols, "Q_REGS": q_regs, "P_REGS": p_regs}
         return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 

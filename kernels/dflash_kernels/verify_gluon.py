@@ -304,6 +304,7 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
 #     has the registers to hold Q's first 256 columns (Q_REGS): S's 16 wgmma over them then read
 #     only K from shared memory, the pipe every operand and copy shares (session 13: -5.5% at 128k);
 #     with the loader in 24 registers, its first 384 (Q_REGS 3, session 27: 1-2.5% from 128k);
+#     with P_REGS both groups' P.V take P from registers (session 27: up to 1.5% more);
 #   * worker 1 (the "V" group): the rest of P.V (columns S_COLS..511), as soon as P is there;
 #   * worker 2 (the loader): Q, then the latent gathers (cp.async, completion counted on an
 #     mbarrier), so no MMA warp ever waits in the load-store queue; it also widens the rows of an
@@ -473,7 +474,7 @@ def _ws_loader_any(qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, 
 @gluon.jit
 def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 PART_O, part_row0, n_rows_here, n_tiles, o_scale, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                S_COLS: gl.constexpr):
+                S_COLS: gl.constexpr, P_REGS: gl.constexpr):
     """Output columns S_COLS..511 of P.V: 256..511 over the second nope half's buffer, and where
     the S group keeps fewer than 256 (S_COLS 128), columns S_COLS..255 in a second accumulator
     over the first half's."""
@@ -499,9 +500,18 @@ def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
         acc = acc * alpha[:, None]
         if MID > 0:
             acc_m = acc_m * scale_smem.load(ROW_M)[:, None]
-        acc = warpgroup_mma(p_smem, kn_hi.index(buf), acc, is_async=True)
+        # P_REGS: P read from shared memory once, into registers, for both chains
+        if P_REGS:
+            p_a = p_smem.load(gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2))
+        else:
+            p_a = p_smem
+        acc = warpgroup_mma(p_a, kn_hi.index(buf), acc, is_async=True)
         if MID > 0:
-            acc_m = warpgroup_mma(p_smem, kn_lo.index(buf).slice(S_COLS, MID, dim=1), acc_m, is_async=True)
+            if P_REGS:
+                p_m = gl.convert_layout(p_a, gl.DotOperandLayout(operand_index=0, parent=M_L, k_width=2))
+            else:
+                p_m = p_smem
+            acc_m = warpgroup_mma(p_m, kn_lo.index(buf).slice(S_COLS, MID, dim=1), acc_m, is_async=True)
             acc, acc_m = warpgroup_mma_wait(0, deps=[acc, acc_m])
         else:
             acc = warpgroup_mma_wait(0, deps=[acc])
@@ -521,7 +531,7 @@ def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
 def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr):
+                NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr, P_REGS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -569,7 +579,8 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
                                                   BLOCK_N, COL_S)
         # the V group is done with P_{j-1} and its scale
         mbarrier.wait(p_free, (j & 1) ^ 1)
-        p_smem.store(p.to(gl.bfloat16))
+        p_bf = p.to(gl.bfloat16)
+        p_smem.store(p_bf)
         scale_smem.store(alpha)
         fence_async_shared()
         mbarrier.arrive(p_ready, count=1)
@@ -578,7 +589,11 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
             v_lo = kn_lo.index(buf)
         else:
             v_lo = kn_lo.index(buf).slice(0, S_COLS, dim=1)
-        acc = warpgroup_mma(p_smem, v_lo, acc, is_async=True)
+        if P_REGS:  # its own P as the register operand: no read of P back through shared memory
+            p_a = gl.convert_layout(p_bf, gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2))
+        else:
+            p_a = p_smem
+        acc = warpgroup_mma(p_a, v_lo, acc, is_async=True)
         # (an accumulator still in flight across the loop's back edge makes ptxas serialise
         # every wgmma of the kernel, C7514: P_j.V_j is waited for here)
         acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
@@ -605,6 +620,7 @@ def _verify_split_kernel_gluon_ws(
     NUM_STAGES: gl.constexpr,
     S_COLS: gl.constexpr,
     Q_REGS: gl.constexpr,
+    P_REGS: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert((S_COLS == 256) or (S_COLS == 128))  # output columns the S group keeps
@@ -674,10 +690,10 @@ def _verify_split_kernel_gluon_ws(
     acc, m_i, l_i = gl.warp_specialize([
         (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
                        p_free, mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
-                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS)),
+                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS)),
         (_ws_v_group, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
-                       n_tiles, o_scale, BLOCK_M, NUM_STAGES, S_COLS)),
+                       n_tiles, o_scale, BLOCK_M, NUM_STAGES, S_COLS, P_REGS)),
         (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi, kp_s,
                           ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
                           is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),

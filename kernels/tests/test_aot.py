@@ -191,7 +191,8 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     """The warp-specialised Gluon kernel for bf16 pools: it compiles for sm_90 into three
     partitions with reallocated registers and no spill, the S group computes a whole 64 x 32
     tile per instruction with Q's first 384 columns in registers (the loader in 24 registers leaves
-    it 248), the V group its 384 columns of P.V, and the loader's copies are counted on an mbarrier; Q, four K buffers of 32 latents and P fit in the
+    it 248), the V group its 384 columns of P.V, both groups' P.V take P from registers, and the
+    loader's copies are counted on an mbarrier; Q, four K buffers of 32 latents and P fit in the
     227 KB of a block."""
     from dflash_kernels import verify_gluon as vg
     va = aot.va
@@ -213,9 +214,11 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     # 24 over Q's first 384 columns take Q from registers (an R operand before the descriptor)
     assert sass.count("HGMMA.64x32x16.F32.BF16") == 2 * 36
     assert len(re.findall(r"HGMMA\.64x32x16\.F32\.BF16 R\d+, R\d+, gdesc", sass)) == 2 * 24
-    # P.V, 32 / 16 steps: the S group's 128 columns; the V group's 256 and 128 columns
+    # P.V, 32 / 16 steps: the S group's 128 columns; the V group's 256 and 128 columns, all with P
+    # from registers (p_regs: the V group reads it from shared memory once for both chains)
     assert sass.count("HGMMA.64x256x16.F32.BF16") == 2
     assert sass.count("HGMMA.64x128x16.F32.BF16") == 2 * 2
+    assert len(re.findall(r"HGMMA\.64x(?:256|128)x16\.F32\.BF16 R\d+, R\d+, gdesc", sass)) == 2 + 2 * 2
     assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
     _assert_wgmma_stays_async(ptx, tmp_path)
 

@@ -146,10 +146,12 @@ def test_every_pool_runs_the_shipped_kernels():
         assert va.takes_scales(va.split_kernel(cfg, 8)[0]), cfg
         assert va.takes_scales(va.split_kernel(cfg, 8, fp8_pool=True)[0]), cfg
     # sm_90: bf16 pools run the layout with 128 S-group columns and Q's first 384 columns in
-    # registers (sessions 13 and 27); fp8 pools the one with 256 columns and Q in shared memory
+    # registers and P.V's P from registers (sessions 13 and 27); fp8 pools the one with 256 columns
+    # and Q and P in shared memory
     _, bf16_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8)
     _, fp8_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8, fp8_pool=True)
-    assert (bf16_const["S_COLS"], bf16_const["Q_REGS"], fp8_const["S_COLS"], fp8_const["Q_REGS"]) == (128, 3, 256, 0)
+    assert (bf16_const["S_COLS"], bf16_const["Q_REGS"], bf16_const["P_REGS"]) == (128, 3, True)
+    assert (fp8_const["S_COLS"], fp8_const["Q_REGS"], fp8_const["P_REGS"]) == (256, 0, False)
     # sm_120: bf16 pools run the two-team kernel (4 warps at launch, 12 in all), fp8 pools the
     # 8-warp kernel, which widens their tiles (session 12)
     teams, _, teams_opts = va.split_kernel(va.CONFIGS["sm120"], 8)
@@ -177,8 +179,9 @@ def test_sm90_layout_fields_are_checked(fields, message):
     base = dict(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True, warp_specialized=True)
     with pytest.raises(ValueError, match=message):
         va.VerifyConfig(**base, **fields)
-    with pytest.raises(ValueError, match="warp_specialized=True"):
-        va.VerifyConfig(32, 32, 8, 2, mma2=True, s_cols=128)
+    for ws_only in (dict(s_cols=128), dict(p_regs=True)):
+        with pytest.raises(ValueError, match="warp_specialized=True"):
+            va.VerifyConfig(32, 32, 8, 2, mma2=True, **ws_only)
     assert va.VerifyConfig(**base, s_cols=128, q_regs=2).q_regs == 2
     for teams_only in ("rope_lines", "sums_xor"):  # layouts of the two-team kernel's
         with pytest.raises(ValueError, match="teams=True"):
