@@ -1,7 +1,7 @@
 """Verify attention per layer inside one CUDA graph of several layers, beside one call per graph.
 
     python kernels/bench/layers_graph.py [--layers 8] [--points 1024:16,32768:16,131072:16,...]
-                                         [--variant NAME] [--plugin]
+                                         [--variant NAME] [--plugin] [--page-size P]
 
 SGLang captures a whole verify step (every layer) in one CUDA graph, so a layer's attention does
 not pay a graph launch of its own. bench_verify.py times one call captured alone, which does
@@ -9,6 +9,10 @@ not pay a graph launch of its own. bench_verify.py times one call captured alone
 output (as N layers have; they share one workspace, as the SGLang plugin's calls do), are captured
 in one graph; the replay's median time divided by N is the per-layer figure. Both figures are
 printed, with the floor of bench_verify.py (both ceilings measured in this run).
+
+--page-size P lays the pool out in random pages of P tokens, contiguous inside a page (the kernel
+still reads one slot index per token, as for SGLang's page_size 1): beside the default (1, every
+token anywhere) it shows what the scatter of the gathers costs.
 
 With --plugin, each layer also calls the SGLang plugin's `MlaVerify` as SGLang's Triton backend
 does, on the batch's tensors that every layer shares: DFlash's chains (no custom mask, causal;
@@ -39,13 +43,14 @@ va = bv.va
 PLUGIN_FORMS = ("chains", "trees", "chains-every-layer", "trees-every-layer")
 
 
-def per_layer_us(lens, t, h, layers, cfg, form="launcher"):
+def per_layer_us(lens, t, h, layers, cfg, form="launcher", page_size=1):
     """(one call in its own graph, per layer in a graph of `layers` calls), us. form: "launcher"
     (verify_attention, mask packed beforehand) or one of PLUGIN_FORMS (MlaVerify on the batch's
     tensors that all layers share: chains without a custom mask, trees as SGLang's custom mask;
     "-every-layer": each layer packs and plans, as the plugin did before it shared them)."""
     chains = form.startswith("chains") or (form == "launcher" and t <= 16)
-    cases = [make_case(lens, [t] * len(lens), h, mask="chain" if chains else "tree", pool_extra=1024)
+    cases = [make_case(lens, [t] * len(lens), h, mask="chain" if chains else "tree", pool_extra=1024,
+                       page_size=page_size)
              for _ in range(layers)]
     custom = (None, None)
     if form != "launcher":  # one batch, a pool per layer (the pools are alike in size)
@@ -93,16 +98,18 @@ def main():
                     help="L:t or L1+L2+...:t, comma-separated")
     ap.add_argument("--variant", default=None, help="a sweep_verify.py variant (default: the plan's choice)")
     ap.add_argument("--plugin", action="store_true", help="also per layer through the SGLang plugin (chains, trees)")
+    ap.add_argument("--page-size", type=int, default=1,
+                    help="the pool's layout: random pages of this many contiguous tokens (default 1: scattered)")
     a = ap.parse_args()
     cfg = sweep_verify.VARIANTS[a.variant] if a.variant else None
     torch.manual_seed(0)
     bw, mm = bv.ceilings()
     head = dict(device=torch.cuda.get_device_name(), copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12,
-                layers=a.layers, variant=a.variant or "auto", triton=triton.__version__, torch=torch.__version__)
+                layers=a.layers, page_size=a.page_size, variant=a.variant or "auto", triton=triton.__version__, torch=torch.__version__)
     print(json.dumps(head), flush=True)
     rows = []
     for lens, t in sweep_verify.parse_points(a.points):
-        one, per = per_layer_us(lens, t, 8, a.layers, cfg)
+        one, per = per_layer_us(lens, t, 8, a.layers, cfg, page_size=a.page_size)
         byt, fl = bv.work(lens, t, 8)
         floor = max(byt / bw, fl / mm) * 1e6
         rows.append(dict(lens=list(lens), t=t, one_call_graph_us=one, per_layer_us=per, floor_us=floor))
@@ -110,7 +117,7 @@ def main():
               f"{a.layers} {per:.1f} us, floor {floor:.1f} us ({100 * floor / per:.1f}% of it per layer)", flush=True)
         if a.plugin:
             plugin = rows[-1]["plugin_per_layer_us"] = {
-                form: per_layer_us(lens, t, 8, a.layers, cfg, form)[1] for form in PLUGIN_FORMS}
+                form: per_layer_us(lens, t, 8, a.layers, cfg, form, a.page_size)[1] for form in PLUGIN_FORMS}
             print("  through the plugin, per layer: " + ", ".join(
                 f"{kind} {plugin[kind]:.1f} us ({plugin[kind + '-every-layer']:.1f} when every layer packs and plans)"
                 for kind in ("chains", "trees")), flush=True)
