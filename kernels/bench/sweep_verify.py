@@ -56,10 +56,6 @@ VARIANTS = {
     # and P.V with P from registers (the V group reads P from shared memory once for both chains)
     "gluon-ws-c128q3p": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=3,
                           p_regs=True),
-    # and S_{j+1} issued in two parts: its first 24 (or 16, or none) wgmma before tile j's softmax,
-    # the rest once P_j is handed over (session 28)
-    **{f"gluon-ws-c128q3p-e{e}": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128,
-                                   q_regs=3, p_regs=True, s_early=e) for e in (0, 16, 24)},
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

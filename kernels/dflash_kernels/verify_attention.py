@@ -411,10 +411,6 @@ class VerifyConfig:
     # with warp_specialized, for bf16 pools: P.V takes P from registers (the S group its own, the
     # V group P read from shared memory once for both of its chains)
     p_regs: bool = False
-    # with q_regs 3: of S_{j+1}'s 36 wgmma, how many the S group issues before tile j's softmax
-    # (36: all; 24 or 16: the rest after P_j is handed over, so the softmax starts sooner and the
-    # V group's P.V_j goes in between)
-    s_early: int = 36
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
@@ -440,9 +436,6 @@ class VerifyConfig:
         if (self.rope_lines or self.sums_xor) and not self.teams:
             raise ValueError("VerifyConfig: rope_lines and sums_xor shape sm_120's two-team kernel; set mma2=True "
                              "and teams=True or leave them False")
-        if self.s_early not in (0, 16, 24, 36) or (self.s_early != 36 and self.q_regs != 3):
-            raise ValueError(f"VerifyConfig: s_early must be 0, 16, 24 or 36, and other than 36 only with q_regs=3 "
-                             f"(got {self.s_early}, q_regs {self.q_regs})")
         if self.q_regs and self.s_cols != 128:
             raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
                              "registers left for Q (it spills)")
@@ -573,10 +566,9 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
         # (fp8 pools: the S group keeps 256 columns and Q in shared memory, see CONFIGS["sm90"])
-        s_cols, q_regs, p_regs, s_early = ((256, 0, False, 36) if fp8_pool else
-                                           (cfg.s_cols, cfg.q_regs, cfg.p_regs, cfg.s_early))
+        s_cols, q_regs, p_regs = (256, 0, False) if fp8_pool else (cfg.s_cols, cfg.q_regs, cfg.p_regs)
         ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
-                    "S_COLS": s_cols, "Q_REGS": q_regs, "P_REGS": p_regs, "S_EARLY": s_early}
+                    "S_COLS": s_cols, "Q_REGS": q_regs, "P_REGS": p_regs}
         return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 

@@ -249,30 +249,15 @@ def _issue_s(qn_lo, qn_hi, qp_s, kn_lo, kn_hi, kp_s, buf, zero_s):
 
 
 @gluon.jit
-def _issue_s_blocks(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, s, FIRST: gl.constexpr, END: gl.constexpr):
-    """S's wgmma FIRST .. END - 1 of 36 for the S group with Q_REGS 3, in four blocks chained on s:
-    0..15 Q's columns 0..255 (registers), 16..23 256..383 (registers), 24..31 384..511 (shared
-    memory), 32..35 the rope part (registers). FIRST is 0 or a block's start; block 0 starts the
-    chain (s is then ignored)."""
-    gl.static_assert((FIRST == 0) or (FIRST == 16) or (FIRST == 24) or (FIRST == 36))
-    kh = kn_hi.index(buf)
-    if FIRST == 0 and END > 0:
-        s = warpgroup_mma(q_lo, kn_lo.index(buf).permute((1, 0)), s, use_acc=False, is_async=True)
-    if FIRST <= 16 and END > 16:
-        s = warpgroup_mma(q_mid, kh.slice(0, 128, dim=1).permute((1, 0)), s, is_async=True)
-    if FIRST <= 24 and END > 24:
-        s = warpgroup_mma(qn_hi.slice(128, 128, dim=1), kh.slice(128, 128, dim=1).permute((1, 0)), s, is_async=True)
-    if FIRST <= 32 and END > 32:
-        s = warpgroup_mma(q_pe, kp_s.index(buf).permute((1, 0)), s, is_async=True)
-    return s
-
-
-@gluon.jit
 def _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, zero_s, Q_REGS: gl.constexpr):
     """_issue_s for the S group, whose Q_REGS 3 holds Q's columns 256..383 in registers too (q_mid):
     the second nope half is then two chains, 8 wgmma from registers and 8 from shared memory."""
     if Q_REGS == 3:
-        s = _issue_s_blocks(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, zero_s, 0, 36)
+        kh = kn_hi.index(buf)
+        s = warpgroup_mma(q_lo, kn_lo.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_mid, kh.slice(0, 128, dim=1).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn_hi.slice(128, 128, dim=1), kh.slice(128, 128, dim=1).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(q_pe, kp_s.index(buf).permute((1, 0)), s, is_async=True)
     else:
         s = _issue_s(q_lo, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, zero_s)
     return s
@@ -546,8 +531,7 @@ def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
 def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr, P_REGS: gl.constexpr,
-                S_EARLY: gl.constexpr):
+                NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr, P_REGS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -590,10 +574,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         nb = (j + 1) % NUM_STAGES
         mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
         fence_async_shared()
-        if S_EARLY == 36:
-            s_nx = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, Q_REGS)
-        else:  # (Q_REGS 3) S_{j+1}'s first S_EARLY wgmma now, the rest once P_j is handed over
-            s_nx = _issue_s_blocks(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, 0, S_EARLY)
+        s_nx = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, Q_REGS)
         p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
                                                   BLOCK_N, COL_S)
         # the V group is done with P_{j-1} and its scale
@@ -603,8 +584,6 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         scale_smem.store(alpha)
         fence_async_shared()
         mbarrier.arrive(p_ready, count=1)
-        if S_EARLY < 36:
-            s_nx = _issue_s_blocks(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, s_nx, S_EARLY, 36)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         if S_COLS == 256:
             v_lo = kn_lo.index(buf)
@@ -642,7 +621,6 @@ def _verify_split_kernel_gluon_ws(
     S_COLS: gl.constexpr,
     Q_REGS: gl.constexpr,
     P_REGS: gl.constexpr,
-    S_EARLY: gl.constexpr = 36,
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert((S_COLS == 256) or (S_COLS == 128))  # output columns the S group keeps
@@ -651,7 +629,6 @@ def _verify_split_kernel_gluon_ws(
     # on tile j + 1 once tile j - 1 is released, right before S_{j+1} needs it
     gl.static_assert(NUM_STAGES >= 3)
     gl.static_assert(gl.num_warps() == 4)  # the S group; the V group and the loader come on top
-    gl.static_assert((S_EARLY == 36) or (Q_REGS == 3))  # S in blocks: the Q_REGS 3 layout
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -713,7 +690,7 @@ def _verify_split_kernel_gluon_ws(
     acc, m_i, l_i = gl.warp_specialize([
         (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
                        p_free, mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
-                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS, S_EARLY)),
+                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS)),
         (_ws_v_group, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
                        n_tiles, o_scale, BLOCK_M, NUM_STAGES, S_COLS, P_REGS)),

@@ -283,9 +283,6 @@ CANDIDATES = [
     # Q's columns 0..383 in the S group's registers (session 27)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3),
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, p_regs=True),
-    # S_{j+1} in two parts around tile j's softmax (session 28)
-    *[va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, p_regs=True,
-                      s_early=e) for e in (0, 16, 24)],
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
