@@ -2,6 +2,7 @@
 
     python kernels/bench/layers_graph.py [--layers 8] [--points 1024:16,32768:16,131072:16,...]
                                          [--variant NAME] [--plugin] [--page-size P]
+                                         [--kv-dtype bf16|fp8_e4m3]
 
 SGLang captures a whole verify step (every layer) in one CUDA graph, so a layer's attention does
 not pay a graph launch of its own. bench_verify.py times one call captured alone, which does
@@ -43,14 +44,14 @@ va = bv.va
 PLUGIN_FORMS = ("chains", "trees", "chains-every-layer", "trees-every-layer")
 
 
-def per_layer_us(lens, t, h, layers, cfg, form="launcher", page_size=1):
+def per_layer_us(lens, t, h, layers, cfg, form="launcher", page_size=1, kv_dtype=torch.bfloat16):
     """(one call in its own graph, per layer in a graph of `layers` calls), us. form: "launcher"
     (verify_attention, mask packed beforehand) or one of PLUGIN_FORMS (MlaVerify on the batch's
     tensors that all layers share: chains without a custom mask, trees as SGLang's custom mask;
     "-every-layer": each layer packs and plans, as the plugin did before it shared them)."""
     chains = form.startswith("chains") or (form == "launcher" and t <= 16)
     cases = [make_case(lens, [t] * len(lens), h, mask="chain" if chains else "tree", pool_extra=1024,
-                       page_size=page_size)
+                       page_size=page_size, kv_dtype=kv_dtype)
              for _ in range(layers)]
     custom = (None, None)
     if form != "launcher":  # one batch, a pool per layer (the pools are alike in size)
@@ -58,16 +59,17 @@ def per_layer_us(lens, t, h, layers, cfg, form="launcher", page_size=1):
             c.update({k: cases[0][k] for k in ("kv_indices", "kv_indptr", "qo_indptr", "blocks")})
         if not chains:
             custom = sglang_custom_mask(cases[0])
-    _, ns, _ = va.plan(cases[0]["q"], len(lens), t, None, cfg)
+    _, ns, _ = va.plan(cases[0]["q"], len(lens), t, None, cfg, kv_dtype=kv_dtype)
     ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
     outs = [torch.empty(c["q"].shape[0], h, 512, dtype=torch.bfloat16, device="cuda") for c in cases]
     plugin_call = MlaVerify()
+    scales = {} if kv_dtype == torch.bfloat16 else dict(k_scale=0.5, v_scale=2.0)
 
     def call(i):
         c = cases[i]
         if form == "launcher":
             va.verify_attention(c["q"], c["k_extend"], c["kv_cache"], c["kv_indices"], c["kv_indptr"],
-                                c["qo_indptr"], c["tree_mask"], SM_SCALE, out=outs[i], workspace=ws,
+                                c["qo_indptr"], c["tree_mask"], SM_SCALE, out=outs[i], workspace=ws, **scales,
                                 max_q_len=t, num_splits=ns, config=cfg)
             return
         n = c["q"].shape[0]
@@ -98,6 +100,7 @@ def main():
                     help="L:t or L1+L2+...:t, comma-separated")
     ap.add_argument("--variant", default=None, help="a sweep_verify.py variant (default: the plan's choice)")
     ap.add_argument("--plugin", action="store_true", help="also per layer through the SGLang plugin (chains, trees)")
+    ap.add_argument("--kv-dtype", choices=sorted(bv.KV_DTYPES), default="bf16", help="the pools' dtype (launcher only)")
     ap.add_argument("--page-size", type=int, default=1,
                     help="the pool's layout: random pages of this many contiguous tokens (default 1: scattered)")
     a = ap.parse_args()
@@ -105,11 +108,11 @@ def main():
     torch.manual_seed(0)
     bw, mm = bv.ceilings()
     head = dict(device=torch.cuda.get_device_name(), copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12,
-                layers=a.layers, page_size=a.page_size, variant=a.variant or "auto", triton=triton.__version__, torch=torch.__version__)
+                layers=a.layers, page_size=a.page_size, kv_dtype=a.kv_dtype, variant=a.variant or "auto", triton=triton.__version__, torch=torch.__version__)
     print(json.dumps(head), flush=True)
     rows = []
     for lens, t in sweep_verify.parse_points(a.points):
-        one, per = per_layer_us(lens, t, 8, a.layers, cfg, page_size=a.page_size)
+        one, per = per_layer_us(lens, t, 8, a.layers, cfg, page_size=a.page_size, kv_dtype=bv.KV_DTYPES[a.kv_dtype])
         byt, fl = bv.work(lens, t, 8)
         floor = max(byt / bw, fl / mm) * 1e6
         rows.append(dict(lens=list(lens), t=t, one_call_graph_us=one, per_layer_us=per, floor_us=floor))
