@@ -56,6 +56,16 @@ VARIANTS = {
     # and P.V with P from registers (the V group reads P from shared memory once for both chains)
     "gluon-ws-c128q3p": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=3,
                           p_regs=True),
+    # S_j issued at the top of its own iteration (no S ahead): 32-latent tiles in 4 buffers, and
+    # 64-latent tiles in the 2 buffers that then suffice (session 28)
+    "gluon-ws-c128q3p-now": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=3,
+                              p_regs=True, s_ahead=False),
+    # (P from registers does not build at 64 latents: the V group's wgmma serialise, C7512)
+    "gluon-ws-n64q3-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=3,
+                            s_ahead=False),
+    "gluon-ws-n64q1-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1,
+                            s_ahead=False),
+    "gluon-ws-n64-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

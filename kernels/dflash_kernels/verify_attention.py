@@ -411,6 +411,9 @@ class VerifyConfig:
     # with warp_specialized, for bf16 pools: P.V takes P from registers (the S group its own, the
     # V group P read from shared memory once for both of its chains)
     p_regs: bool = False
+    # with warp_specialized: the S group issues S_{j+1} before tile j's softmax (True), or S_j at
+    # the top of iteration j (False: two K buffers suffice, so 64-latent tiles fit)
+    s_ahead: bool = True
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
@@ -430,9 +433,12 @@ class VerifyConfig:
         if self.s_cols not in (128, 256) or self.q_regs not in (0, 1, 2, 3):
             raise ValueError(f"VerifyConfig: s_cols must be 128 or 256 and q_regs 0, 1, 2 or 3 (got {self.s_cols}, "
                              f"{self.q_regs})")
-        if (self.s_cols != 256 or self.q_regs or self.p_regs) and not self.warp_specialized:
-            raise ValueError("VerifyConfig: s_cols, q_regs and p_regs shape sm_90's warp-specialised kernel; set "
-                             "warp_specialized=True (and gluon=True) or leave them at 256 and 0")
+        if (self.s_cols != 256 or self.q_regs or self.p_regs or not self.s_ahead) and not self.warp_specialized:
+            raise ValueError("VerifyConfig: s_cols, q_regs, p_regs and s_ahead shape sm_90's warp-specialised kernel; "
+                             "set warp_specialized=True (and gluon=True) or leave them at 256, 0, False and True")
+        if self.warp_specialized and self.s_ahead and self.num_stages < 3:
+            raise ValueError("VerifyConfig: s_ahead needs num_stages >= 3 (S_{j+1} is issued while tile j is held: "
+                             "with two buffers the loader would wait on every tile); set s_ahead=False")
         if (self.rope_lines or self.sums_xor) and not self.teams:
             raise ValueError("VerifyConfig: rope_lines and sums_xor shape sm_120's two-team kernel; set mma2=True "
                              "and teams=True or leave them False")
@@ -448,25 +454,21 @@ class VerifyConfig:
 # Hopper (H100/H200, 227 KB shared memory per block): 64 rows x 512 fp32 accumulators need 8 warps.
 # sm_120 (RTX PRO 6000 / RTX 50xx, ~99 KB per block) and sm_80/89: a smaller tile that fits.
 CONFIGS = {
-    # measured best on the H200 (RESULTS.md, session 4): the warp-specialised Gluon split kernel,
-    # 64 rows x 32 latents, an S group of 4 warps (plus a V group and a loader), four KV buffers;
-    # 1.3x faster at 128k than the lock-step Gluon kernel (session 2), which stays in the sweeps.
-    # It reads every pool: its loader widens an fp8 pool's rows to bf16 (session 8).
-    # For bf16 pools its S group keeps 128 of the 512 output columns (the V group 384) and holds
-    # Q's first 256 columns in registers, so only 20 of S's 36 wgmma read both operands from
-    # shared memory: 4-5% faster at 128k-200k, t = 16, 5% at t = 64, 5.5-6.5% on mixed batches
-    # (session 13). Since session 27 it holds Q's columns 0..383 (the loader in 24 registers
-    # leaves the S group 248), so 12 of 36: per layer in a graph 1-1.5 us less at 128k, 2.6-3.3
-    # at 200k, 5-7 at t = 64, the same at 1k and 32k; and P.V takes P from registers (the S group
-    # its own P, the V group P read once for its two chains: 8 KB a tile less through shared
-    # memory): per layer 0.2-0.5 us less at 128k, 1-2 at 200k, 3.4 at t = 64, no point slower
-    # (session 27). fp8 pools keep 256 columns and Q and P in shared memory (split_kernel): their
-    # loader's registers leave the S group too few for Q, and the new layouts measured 3-11%
-    # slower there at 128k.
+    # measured best on the H200 (RESULTS.md, session 28): the warp-specialised Gluon split kernel
+    # (session 4: an S group of 4 warps, a V group and a loader; 1.3x faster at 128k than the
+    # lock-step Gluon kernel of session 2, which stays in the sweeps) over 64-latent tiles in two
+    # K buffers, the S group issuing S_j at the top of its own iteration. Until session 28 it ran
+    # 32-latent tiles in four buffers with S_{j+1} issued ahead of tile j's softmax, Q's first
+    # 384 columns and P in registers (sessions 13 and 27; the candidates keep that layout): per
+    # layer in a graph the 64-latent tiles take 7-8% less at 128k-200k, t = 16, 12% at t = 64.
+    # A profile of the old layout had the tensor pipe 49% busy and the S group's serial chain
+    # (36 wgmma issued, the softmax, the hand-over of P) setting the pace: 64 latents a wgmma halve
+    # the instructions and softmax passes a latent. It reads every pool: its loader widens an fp8
+    # pool's rows to bf16 (session 8).
     # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
     # (the fallback without Gluon).
-    "sm90": VerifyConfig(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True,
-                         warp_specialized=True, s_cols=128, q_regs=3, p_regs=True),
+    "sm90": VerifyConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, min_chunk=64, gluon=True,
+                         warp_specialized=True, s_ahead=False),
     # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Gluon kernel over
     # S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers, S^T's columns
     # split over the warps: 92 KB, 240 registers (232 for fp8 pools, which it widens in shared
@@ -482,6 +484,14 @@ CONFIGS = {
                           rope_lines=True, sums_xor=True),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
+# fp8 pools in sm_90's warp-specialised kernel: 32-latent tiles in four buffers with S_{j+1} issued
+# ahead, the S group's 256 columns, Q and P in shared memory (sessions 8-27). Its loader stages a
+# tile's fp8 bytes and widens them in place once the next tile's copies are out; with two buffers
+# of 64 latents (the bf16 pools' layout since session 28) that widening waits for the previous
+# tile's MMAs on every tile: 28% slower at 128k, t = 16, 30% at t = 64 (RESULTS.md, session 28).
+# Its slices are those of the plan's BLOCK_N (64 for CONFIGS["sm90"]), which 32-latent tiles cut
+# evenly; a single request's program cuts its own from this BLOCK_N and writes the merge's count.
+WS_FP8_LAYOUT = {"BLOCK_N": 32, "NUM_STAGES": 4, "S_COLS": 256, "Q_REGS": 0, "P_REGS": False, "S_AHEAD": True}
 MERGE_NUM_WARPS = 4
 # The merge tile for a mean number of partials per request (its slices and its draft block, a
 # static bound from the split count and the batch): (most mean partials, tile), the first that
@@ -565,10 +575,11 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
         return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
-        # (fp8 pools: the S group keeps 256 columns and Q in shared memory, see CONFIGS["sm90"])
-        s_cols, q_regs, p_regs = (256, 0, False) if fp8_pool else (cfg.s_cols, cfg.q_regs, cfg.p_regs)
-        ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
-                    "S_COLS": s_cols, "Q_REGS": q_regs, "P_REGS": p_regs}
+        if fp8_pool:  # whatever the bf16 pools' layout (WS_FP8_LAYOUT says why)
+            ws_const = {**const, **WS_FP8_LAYOUT}
+        else:
+            ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
+                        "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead}
         return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 

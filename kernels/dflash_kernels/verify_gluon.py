@@ -299,8 +299,11 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
 # Warp-specialised version (after FlashMLA's schedule): three partitions of one warpgroup each.
 #   * default (the "S" group): S = Q.K^T of a whole 64 x BLOCK_N tile, the softmax (row-local:
 #     no cross-warpgroup reduction), P and the row scale to shared memory, then its part of P.V
-#     (output columns 0..S_COLS-1). S_{j+1} is issued before the softmax of tile j, so the tensor
-#     core works through it (RESULTS.md, session 4: 118 -> 106 us at 128k). With S_COLS = 128 it
+#     (output columns 0..S_COLS-1). With S_AHEAD, S_{j+1} is issued before the softmax of tile j,
+#     so the tensor core works through it (RESULTS.md, session 4: 118 -> 106 us at 128k); that
+#     holds three buffers at once. Without it S_j is issued at the top of iteration j, and two
+#     buffers of 64 latents fit: half the wgmma, softmax passes and hand-overs a latent, which
+#     pays more (session 28: 7-8% less at 128k-200k, t = 16, 12% at t = 64). With S_COLS = 128 it
 #     has the registers to hold Q's first 256 columns (Q_REGS): S's 16 wgmma over them then read
 #     only K from shared memory, the pipe every operand and copy shares (session 13: -5.5% at 128k);
 #     with the loader in 24 registers, its first 384 (Q_REGS 3, session 27: 1-2.5% from 128k);
@@ -309,8 +312,9 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
 #   * worker 2 (the loader): Q, then the latent gathers (cp.async, completion counted on an
 #     mbarrier), so no MMA warp ever waits in the load-store queue; it also widens the rows of an
 #     fp8 pool to bf16 (_fp8_loader, session 8).
-# Shared memory (BLOCK_N = 32, NUM_STAGES = 4): Q 72 KB + 4 x K 36 KB + P 4 KB + row scales;
-# four small buffers let the loader run up to three tiles ahead (two of 64 measured 7% slower).
+# Shared memory: Q 72 KB + 2 x K 72 KB + P 8 KB + row scales (BLOCK_N = 64, NUM_STAGES = 2, what
+# sm_90 runs: the loader fills one buffer while the MMA groups work on the other), or Q + 4 x K
+# 36 KB + P 4 KB (BLOCK_N = 32, NUM_STAGES = 4, with S_AHEAD: up to two tiles of lead).
 # ----------------------------------------------------------------------------------------------
 WS_LOADER_WARPS = gl.constexpr(4)  # partitions are whole warpgroups (registers are reallocated per warpgroup)
 # The loaders' gathers: a warp's copy covers 4 latent rows x 128 bytes. The rows are gathered from
@@ -531,7 +535,8 @@ def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
 def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr, P_REGS: gl.constexpr):
+                NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr, P_REGS: gl.constexpr,
+                S_AHEAD: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -562,19 +567,26 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         q_mid = qn_hi.slice(0, 128, dim=1).load(Q_OP)
     else:
         q_mid = 0  # (unused)
-    mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
-    fence_async_shared()
-    s = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, 0, zero_s, Q_REGS)
-    s = warpgroup_mma_wait(0, deps=[s])
+    if S_AHEAD:
+        mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
+        fence_async_shared()
+        s = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, 0, zero_s, Q_REGS)
+        s = warpgroup_mma_wait(0, deps=[s])
     for j in range(n_tiles):
         buf = j % NUM_STAGES
         n0 = lo + j * BLOCK_N
-        # S_{j+1} first, so the tensor core works through this tile's softmax (on the last tile:
-        # a discarded S of the next buffer, which no copy is writing)
-        nb = (j + 1) % NUM_STAGES
-        mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
-        fence_async_shared()
-        s_nx = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, Q_REGS)
+        if S_AHEAD:
+            # S_{j+1} first, so the tensor core works through this tile's softmax (on the last
+            # tile: a discarded S of the next buffer, which no copy is writing)
+            nb = (j + 1) % NUM_STAGES
+            mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
+            fence_async_shared()
+            s_nx = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, Q_REGS)
+        else:  # S_j now: the loader then has a whole iteration to fill the other buffer
+            mbarrier.wait(ready.index(buf), (j // NUM_STAGES) & 1)
+            fence_async_shared()
+            s = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, zero_s, Q_REGS)
+            s = warpgroup_mma_wait(0, deps=[s])
         p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
                                                   BLOCK_N, COL_S)
         # the V group is done with P_{j-1} and its scale
@@ -596,7 +608,10 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         acc = warpgroup_mma(p_a, v_lo, acc, is_async=True)
         # (an accumulator still in flight across the loop's back edge makes ptxas serialise
         # every wgmma of the kernel, C7514: P_j.V_j is waited for here)
-        acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
+        if S_AHEAD:
+            acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
+        else:
+            acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(kfree.index(buf), count=1)
     # the row sums go to the V group through the scale buffer once it has read the last scale
     mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
@@ -621,13 +636,14 @@ def _verify_split_kernel_gluon_ws(
     S_COLS: gl.constexpr,
     Q_REGS: gl.constexpr,
     P_REGS: gl.constexpr,
+    S_AHEAD: gl.constexpr = True,
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert((S_COLS == 256) or (S_COLS == 128))  # output columns the S group keeps
     gl.static_assert((BLOCK_N == 64) or (BLOCK_N == 32))  # the loader's layout covers BLOCK_N rows
     # S_{j+1} is issued while tile j is still held: with two buffers the loader could only start
     # on tile j + 1 once tile j - 1 is released, right before S_{j+1} needs it
-    gl.static_assert(NUM_STAGES >= 3)
+    gl.static_assert((NUM_STAGES >= 3) or (not S_AHEAD))
     gl.static_assert(gl.num_warps() == 4)  # the S group; the V group and the loader come on top
 
     pid_m = gl.program_id(0)
@@ -690,7 +706,7 @@ def _verify_split_kernel_gluon_ws(
     acc, m_i, l_i = gl.warp_specialize([
         (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
                        p_free, mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
-                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS)),
+                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS, S_AHEAD)),
         (_ws_v_group, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
                        n_tiles, o_scale, BLOCK_M, NUM_STAGES, S_COLS, P_REGS)),

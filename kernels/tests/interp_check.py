@@ -45,6 +45,16 @@ if isinstance(spec, list):
     print(json.dumps([written_plan(**batch) for batch in spec]))
     sys.exit(0)
 cfg = va.VerifyConfig(**spec["config"])
+if "split_block_n" in spec:
+    # the split kernel tiles by another BLOCK_N than the plan's cfg.block_n, as sm_90's fp8 pools
+    # do (WS_FP8_LAYOUT): slices cut by the plan, or by a single request's own programs
+    real_split_kernel = va.split_kernel
+
+    def split_kernel_other_tiles(*args, **kwargs):
+        fn, const, opts = real_split_kernel(*args, **kwargs)
+        return fn, {**const, "BLOCK_N": spec["split_block_n"]}, opts
+
+    va.split_kernel = split_kernel_other_tiles
 case = make_case(spec["lens"], spec["ts"], spec["heads"], mask=spec.get("mask", "tree"), device="cpu",
                  page_size=spec.get("page_size", 1), pool_extra=64,
                  kv_dtype=getattr(torch, spec.get("kv_dtype", "bfloat16")))

@@ -65,11 +65,17 @@ def test_manifest(built):
         for name in {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES:
             assert (arch, name) in names
     assert len(names) == len(manifest["kernels"]) == 2 * (1 + len(MASK_NAMES) + len(SPLIT_NAMES) + len(MERGE_NAMES))
-    # every pool's split kernel and the plan kernel, which rounds slices to its tile, share a config
+    # every pool's split kernel and the plan kernel, which rounds slices to its tile, share a config;
+    # on sm_90 fp8 pools run 32-latent tiles (WS_FP8_LAYOUT), which cut the plan's 64 evenly
     tiles = {(k["arch"], k["name"]): k["constexprs"]["BLOCK_N"] for k in manifest["kernels"]
              if k["name"].startswith(("verify_split", "verify_plan"))}
+    fp8_splits = {name for name in SPLIT_NAMES if "fp8" in name}
+    assert fp8_splits and len(fp8_splits) < len(SPLIT_NAMES)
     for arch, key in ((120, "sm120"), (90, "sm90")):
-        assert {tiles[arch, name] for name in {"verify_plan"} | SPLIT_NAMES} == {va.CONFIGS[key].block_n}
+        plan_tile = va.CONFIGS[key].block_n
+        assert {tiles[arch, name] for name in {"verify_plan"} | (SPLIT_NAMES - fp8_splits)} == {plan_tile}
+        fp8_tile = va.WS_FP8_LAYOUT["BLOCK_N"] if arch == 90 else plan_tile
+        assert {tiles[arch, name] for name in fp8_splits} == {fp8_tile} and plan_tile % fp8_tile == 0
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
         assert k["symbol"].startswith(("tree_mask_kernel",) if k["name"] in MASK_NAMES
@@ -188,16 +194,44 @@ def _assert_wgmma_stays_async(ptx, tmp_path):
 
 
 def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
-    """The warp-specialised Gluon kernel for bf16 pools: it compiles for sm_90 into three
-    partitions with reallocated registers and no spill, the S group computes a whole 64 x 32
-    tile per instruction with Q's first 384 columns in registers (the loader in 24 registers leaves
-    it 248), the V group its 384 columns of P.V, both groups' P.V take P from registers, and the
-    loader's copies are counted on an mbarrier; Q, four K buffers of 32 latents and P fit in the
-    227 KB of a block."""
+    """The kernel sm_90 runs (session 28): the warp-specialised Gluon kernel over 64-latent tiles
+    in two K buffers, S_j issued in its own iteration. It compiles for sm_90 into three partitions
+    with reallocated registers and no spill; the S group computes a tile's whole S in 36 wgmma of
+    64 x 64 and P.V over its 256 output columns, the V group the other 256, and the loader's copies
+    are counted on an mbarrier; Q, two K buffers of 64 latents and P fit in the 227 KB of a block."""
+    from dflash_kernels import verify_gluon as vg
+    _, kernel, sig, const, opts = _spec(90, "verify_split")  # what the launcher runs for a bf16 pool
+    assert kernel is vg._verify_split_kernel_gluon_ws
+    assert (const["BLOCK_N"], const["NUM_STAGES"], const["S_AHEAD"]) == (64, 2, False)
+    k = aot.compile_one(kernel, sig, const, 90, opts)
+    assert k.metadata.num_warps == 4 + 4 + vg.WS_LOADER_WARPS.value
+    assert k.metadata.shared <= SM90_SMEM_LIMIT
+    cubin = tmp_path / "ws.cubin"
+    cubin.write_bytes(k.asm["cubin"])
+    sass = _sass(cubin)
+    usage = _res_usage(cubin)
+    assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage  # the launch limit, nothing spilled
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))
+    assert {"256", str(vg.WS_V_REGS.value), str(vg.WS_LOADER_REGS.value)} <= regs, regs
+    # S once per tile (no S of the next tile ahead of the loop): (256 + 256 + 64) / 16 = 36
+    # instructions over 64 latents; P.V, 64 / 16 steps, 256 columns for each group
+    assert sass.count("HGMMA.64x64x16.F32.BF16") == 36 and "HGMMA.64x32x16" not in sass
+    assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 4
+    assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
+    _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
+
+
+def test_warp_specialised_q_in_registers_layout_builds_as_designed(tmp_path):
+    """The layout sm_90 ran before session 28, kept as a candidate: 32-latent tiles in four K
+    buffers with S_{j+1} issued ahead, the S group computing a whole 64 x 32 tile per instruction
+    with Q's first 384 columns in registers (the loader in 24 registers leaves it 248), the V
+    group its 384 columns of P.V, both groups' P.V taking P from registers; Q, four K buffers of
+    32 latents and P fit in the 227 KB of a block."""
     from dflash_kernels import verify_gluon as vg
     va = aot.va
     _, _, sig, const, _ = _spec(90, "verify_split")
-    kernel, ws_const, opts = va.split_kernel(va.CONFIGS["sm90"], 8)  # what sm_90 runs
+    cfg = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, p_regs=True)
+    kernel, ws_const, opts = va.split_kernel(cfg, 8)
     assert kernel is vg._verify_split_kernel_gluon_ws
     k = aot.compile_one(kernel, sig, {**const, **ws_const}, 90, opts)
     assert k.metadata.num_warps == 4 + 4 + vg.WS_LOADER_WARPS.value
@@ -224,8 +258,8 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
 
 
 def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
-    """The shipped kernel for an fp8 pool (session 8): the same MMA groups over the same four K
-    buffers, and a loader that stages the pool's rows inside them (cp.async, not counted on the
+    """The shipped kernel for an fp8 pool (session 8): MMA groups of 256 columns each over four K
+    buffers of 32 latents (WS_FP8_LAYOUT, whatever the bf16 pools' layout), and a loader that stages the pool's rows inside them (cp.async, not counted on the
     barrier: it arrives once its widened stores are in) and copies a draft block's bf16 rows as
     before; it spills nothing and widens with full-rate instructions (no F2F, the conversion
     pipe of the softmax's exponentials)."""
@@ -233,7 +267,8 @@ def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
     va = aot.va
     _, kernel, sig, const, opts = _spec(90, "verify_split_fp8e4m3")
     assert kernel is vg._verify_split_kernel_gluon_ws and sig["KV"] == "*fp8e4nv" and "k_scale" in sig
-    assert const["NUM_STAGES"] == va.CONFIGS["sm90"].num_stages == 4
+    assert (const["BLOCK_N"], const["NUM_STAGES"], const["S_AHEAD"]) == (32, 4, True)  # va.WS_FP8_LAYOUT
+    assert {k: const[k] for k in va.WS_FP8_LAYOUT} == va.WS_FP8_LAYOUT
     k = aot.compile_one(kernel, sig, const, 90, opts)
     assert k.metadata.shared <= SM90_SMEM_LIMIT
     cubin = tmp_path / "ws_fp8.cubin"

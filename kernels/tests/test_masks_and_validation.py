@@ -145,13 +145,24 @@ def test_every_pool_runs_the_shipped_kernels():
                 va.CONFIGS["sm80"]):
         assert va.takes_scales(va.split_kernel(cfg, 8)[0]), cfg
         assert va.takes_scales(va.split_kernel(cfg, 8, fp8_pool=True)[0]), cfg
-    # sm_90: bf16 pools run the layout with 128 S-group columns and Q's first 384 columns in
-    # registers and P.V's P from registers (sessions 13 and 27); fp8 pools the one with 256 columns
-    # and Q and P in shared memory
+    # sm_90: bf16 pools run 64-latent tiles in two buffers, S_j in its own iteration, 256 S-group
+    # columns and Q and P in shared memory (session 28); a config with Q's first 384 columns and P
+    # in registers (sessions 13 and 27) runs them for bf16 pools only. fp8 pools run one layout
+    # whatever the config's: 32-latent tiles in four buffers, S ahead, 256 columns (WS_FP8_LAYOUT)
     _, bf16_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8)
-    _, fp8_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8, fp8_pool=True)
-    assert (bf16_const["S_COLS"], bf16_const["Q_REGS"], bf16_const["P_REGS"]) == (128, 3, True)
-    assert (fp8_const["S_COLS"], fp8_const["Q_REGS"], fp8_const["P_REGS"]) == (256, 0, False)
+    assert (bf16_const["BLOCK_N"], bf16_const["NUM_STAGES"], bf16_const["S_AHEAD"]) == (64, 2, False)
+    assert (bf16_const["S_COLS"], bf16_const["Q_REGS"], bf16_const["P_REGS"]) == (256, 0, False)
+    q_in_registers = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3,
+                                     p_regs=True)
+    _, q_const, _ = va.split_kernel(q_in_registers, 8)
+    assert (q_const["S_COLS"], q_const["Q_REGS"], q_const["P_REGS"]) == (128, 3, True)
+    for cfg in (va.CONFIGS["sm90"], q_in_registers):
+        _, fp8_const, _ = va.split_kernel(cfg, 8, fp8_pool=True)
+        assert {k: fp8_const[k] for k in va.WS_FP8_LAYOUT} == va.WS_FP8_LAYOUT
+        assert (fp8_const["BLOCK_N"], fp8_const["NUM_STAGES"], fp8_const["S_COLS"]) == (32, 4, 256)
+    # the fp8 kernel's tiles cut the plan's slices evenly, and its minimum slice
+    assert va.CONFIGS["sm90"].block_n % va.WS_FP8_LAYOUT["BLOCK_N"] == 0
+    assert va.CONFIGS["sm90"].min_chunk % va.WS_FP8_LAYOUT["BLOCK_N"] == 0
     # sm_120: bf16 pools run the two-team kernel (4 warps at launch, 12 in all), fp8 pools the
     # 8-warp kernel, which widens their tiles (session 12)
     teams, _, teams_opts = va.split_kernel(va.CONFIGS["sm120"], 8)
@@ -172,17 +183,20 @@ def test_every_pool_runs_the_shipped_kernels():
     (dict(s_cols=64), "s_cols must be 128 or 256"),
     (dict(q_regs=4, s_cols=128), "q_regs 0, 1, 2 or 3"),
     (dict(q_regs=1), "q_regs needs s_cols=128"),
+    (dict(num_stages=2), "s_ahead needs num_stages >= 3"),
 ])
 def test_sm90_layout_fields_are_checked(fields, message):
-    """The S group's column count and Q's registers (session 13): values the kernel has no code
-    or no registers for are refused with what to set, before anything compiles."""
+    """The S group's column count and Q's registers (session 13), and S issued ahead with too few
+    buffers (session 28): values the kernel has no code, registers or buffers for are refused with
+    what to set, before anything compiles."""
     base = dict(block_m=64, block_n=32, num_warps=4, num_stages=4, min_chunk=64, gluon=True, warp_specialized=True)
     with pytest.raises(ValueError, match=message):
-        va.VerifyConfig(**base, **fields)
-    for ws_only in (dict(s_cols=128), dict(p_regs=True)):
+        va.VerifyConfig(**{**base, **fields})
+    for ws_only in (dict(s_cols=128), dict(p_regs=True), dict(s_ahead=False)):
         with pytest.raises(ValueError, match="warp_specialized=True"):
             va.VerifyConfig(32, 32, 8, 2, mma2=True, **ws_only)
     assert va.VerifyConfig(**base, s_cols=128, q_regs=2).q_regs == 2
+    assert not va.VerifyConfig(**dict(base, block_n=64, num_stages=2), s_ahead=False).s_ahead
     for teams_only in ("rope_lines", "sums_xor"):  # layouts of the two-team kernel's
         with pytest.raises(ValueError, match="teams=True"):
             va.VerifyConfig(32, 32, 8, 2, mma2=True, **{teams_only: True})

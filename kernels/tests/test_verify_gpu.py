@@ -283,6 +283,12 @@ CANDIDATES = [
     # Q's columns 0..383 in the S group's registers (session 27)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3),
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, p_regs=True),
+    # S_j issued in its own iteration (no S ahead), over 32 and 64 latents (session 28)
+    va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, p_regs=True,
+                    s_ahead=False),
+    va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, s_ahead=False),
+    va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=1, s_ahead=False),
+    va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_ahead=False),
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
