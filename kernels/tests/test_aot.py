@@ -193,6 +193,23 @@ def _assert_wgmma_stays_async(ptx, tmp_path):
     assert "C7514" not in info.stdout + info.stderr, info.stderr
 
 
+def _build_warp_specialised(kernel, sig, const, opts, tmp_path):
+    """(SASS, PTX, the partitions' register counts) of a warp-specialised sm_90 build, once it is
+    checked for what every layout holds: 12 warps, 227 KB, the launch's 168 registers and no spill."""
+    from dflash_kernels import verify_gluon as vg
+    assert kernel is vg._verify_split_kernel_gluon_ws
+    k = aot.compile_one(kernel, sig, const, 90, opts)
+    assert k.metadata.num_warps == 4 + 4 + vg.WS_LOADER_WARPS.value
+    assert k.metadata.shared <= SM90_SMEM_LIMIT
+    cubin = tmp_path / "ws.cubin"
+    cubin.write_bytes(k.asm["cubin"])
+    usage = _res_usage(cubin)
+    assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage  # the launch limit, nothing spilled
+    ptx = k.asm["ptx"]
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))
+    return _sass(cubin), ptx, regs
+
+
 def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     """The kernel sm_90 runs (session 28): the warp-specialised Gluon kernel over 64-latent tiles
     in two K buffers, S_j issued in its own iteration. It compiles for sm_90 into three partitions
@@ -201,24 +218,15 @@ def test_warp_specialised_sm90_kernel_builds_as_designed(tmp_path):
     are counted on an mbarrier; Q, two K buffers of 64 latents and P fit in the 227 KB of a block."""
     from dflash_kernels import verify_gluon as vg
     _, kernel, sig, const, opts = _spec(90, "verify_split")  # what the launcher runs for a bf16 pool
-    assert kernel is vg._verify_split_kernel_gluon_ws
     assert (const["BLOCK_N"], const["NUM_STAGES"], const["S_AHEAD"]) == (64, 2, False)
-    k = aot.compile_one(kernel, sig, const, 90, opts)
-    assert k.metadata.num_warps == 4 + 4 + vg.WS_LOADER_WARPS.value
-    assert k.metadata.shared <= SM90_SMEM_LIMIT
-    cubin = tmp_path / "ws.cubin"
-    cubin.write_bytes(k.asm["cubin"])
-    sass = _sass(cubin)
-    usage = _res_usage(cubin)
-    assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage  # the launch limit, nothing spilled
-    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))
+    sass, ptx, regs = _build_warp_specialised(kernel, sig, const, opts, tmp_path)
     assert {"256", str(vg.WS_V_REGS.value), str(vg.WS_LOADER_REGS.value)} <= regs, regs
     # S once per tile (no S of the next tile ahead of the loop): (256 + 256 + 64) / 16 = 36
     # instructions over 64 latents; P.V, 64 / 16 steps, 256 columns for each group
     assert sass.count("HGMMA.64x64x16.F32.BF16") == 36 and "HGMMA.64x32x16" not in sass
     assert sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 4
     assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
-    _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
+    _assert_wgmma_stays_async(ptx, tmp_path)
 
 
 def test_warp_specialised_q_in_registers_layout_builds_as_designed(tmp_path):
@@ -232,17 +240,7 @@ def test_warp_specialised_q_in_registers_layout_builds_as_designed(tmp_path):
     _, _, sig, const, _ = _spec(90, "verify_split")
     cfg = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, p_regs=True)
     kernel, ws_const, opts = va.split_kernel(cfg, 8)
-    assert kernel is vg._verify_split_kernel_gluon_ws
-    k = aot.compile_one(kernel, sig, {**const, **ws_const}, 90, opts)
-    assert k.metadata.num_warps == 4 + 4 + vg.WS_LOADER_WARPS.value
-    assert k.metadata.shared <= SM90_SMEM_LIMIT
-    cubin = tmp_path / "ws.cubin"
-    cubin.write_bytes(k.asm["cubin"])
-    sass = _sass(cubin)
-    usage = _res_usage(cubin)
-    assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage  # the launch limit, nothing spilled
-    ptx = k.asm["ptx"]
-    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))
+    sass, ptx, regs = _build_warp_specialised(kernel, sig, {**const, **ws_const}, opts, tmp_path)
     assert {"256", str(vg.WS_V_WIDE_REGS.value), str(vg.WS_LOADER_NARROW_REGS.value)} <= regs, regs
     # S of tile 0 and of tile j + 1: (256 + 256 + 64) / 16 = 36 instructions each, of which the
     # 24 over Q's first 384 columns take Q from registers (an R operand before the descriptor)
@@ -259,29 +257,22 @@ def test_warp_specialised_q_in_registers_layout_builds_as_designed(tmp_path):
 
 def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
     """The shipped kernel for an fp8 pool (session 8): MMA groups of 256 columns each over four K
-    buffers of 32 latents (WS_FP8_LAYOUT, whatever the bf16 pools' layout), and a loader that stages the pool's rows inside them (cp.async, not counted on the
-    barrier: it arrives once its widened stores are in) and copies a draft block's bf16 rows as
-    before; it spills nothing and widens with full-rate instructions (no F2F, the conversion
-    pipe of the softmax's exponentials)."""
+    buffers of 32 latents (WS_FP8_LAYOUT, whatever the bf16 pools' layout), and a loader that
+    stages the pool's rows inside them (cp.async, not counted on the barrier: it arrives once its
+    widened stores are in) and copies a draft block's bf16 rows as before; it spills nothing and
+    widens with full-rate instructions (no F2F, the conversion pipe of the softmax's exponentials)."""
     from dflash_kernels import verify_gluon as vg
     va = aot.va
     _, kernel, sig, const, opts = _spec(90, "verify_split_fp8e4m3")
-    assert kernel is vg._verify_split_kernel_gluon_ws and sig["KV"] == "*fp8e4nv" and "k_scale" in sig
+    assert sig["KV"] == "*fp8e4nv" and "k_scale" in sig
     assert (const["BLOCK_N"], const["NUM_STAGES"], const["S_AHEAD"]) == (32, 4, True)  # va.WS_FP8_LAYOUT
     assert {k: const[k] for k in va.WS_FP8_LAYOUT} == va.WS_FP8_LAYOUT
-    k = aot.compile_one(kernel, sig, const, 90, opts)
-    assert k.metadata.shared <= SM90_SMEM_LIMIT
-    cubin = tmp_path / "ws_fp8.cubin"
-    cubin.write_bytes(k.asm["cubin"])
-    sass = _sass(cubin)
-    usage = _res_usage(cubin)
-    assert re.search(r"REG:168 STACK:0 .*LOCAL:0", usage), usage
-    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))
+    sass, ptx, regs = _build_warp_specialised(kernel, sig, const, opts, tmp_path)
     assert {"256", str(vg.WS_V_REGS.value), str(vg.WS_FP8_LOADER_REGS.value)} <= regs, regs
     assert sass.count("HGMMA.64x32x16.F32.BF16") == 2 * 36 and sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 2
     assert "LDGSTSBAR.64.ARVCNT" in sass  # the draft block's copies, as in the bf16 kernel
     assert "F2FP.F16.E4M3.UNPACK_B" in sass and "F2F.BF16" not in sass
-    _assert_wgmma_stays_async(k.asm["ptx"], tmp_path)
+    _assert_wgmma_stays_async(ptx, tmp_path)
 
 
 def test_two_team_kernel_builds_for_sm120(tmp_path):
