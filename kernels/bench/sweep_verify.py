@@ -66,6 +66,11 @@ VARIANTS = {
     "gluon-ws-n64q1-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1,
                             s_ahead=False),
     "gluon-ws-n64-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False),
+    # session 29: S_{j+1} issued right behind the S group's P_j.V_j (its wgmma go out while
+    # P_j.V_j runs, with no drain between the two; with Q's first 256 columns in registers beside
+    # it, the S group spills)
+    "gluon-ws-n64-behind": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False,
+                             s_behind_pv=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the
