@@ -66,11 +66,6 @@ VARIANTS = {
     "gluon-ws-n64q1-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1,
                             s_ahead=False),
     "gluon-ws-n64-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False),
-    # session 29: S_{j+1} issued right behind the S group's P_j.V_j (its wgmma go out while
-    # P_j.V_j runs, with no drain between the two; with Q's first 256 columns in registers beside
-    # it, the S group spills)
-    "gluon-ws-n64-behind": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False,
-                             s_behind_pv=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the
@@ -113,6 +108,9 @@ VARIANTS = {
     "sm120_fp8-m16n32w8-idx": V(16, 32, 8, 2, idx_ahead=True),
     "sm120_fp8-m16n32w4-idx": V(16, 32, 4, 2, idx_ahead=True),
 }
+# Session 29's s_behind_pv (S_{j+1} issued right behind the S group's P_j.V_j, waited for with
+# wgmma.wait_group) was 5% slower at 128k and removed; it is in commit 7a67839, its log in
+# bench/results/h200_2026-12-04_s29_behind.log.
 # Session 27's seesaw kernel (FlashMLA's schedule: two symmetric MMA groups, each computing S of
 # every other tile and half of the output) was measured 7-11% slower at 128k and removed; it is in
 # commit efdfb94 (verify_seesaw.py), its logs in bench/results/h200_2026-12-03_s27_*seesaw*.

@@ -414,9 +414,6 @@ class VerifyConfig:
     # with warp_specialized: the S group issues S_{j+1} before tile j's softmax (True), or S_j at
     # the top of iteration j (False: two K buffers suffice, so 64-latent tiles fit)
     s_ahead: bool = True
-    # with warp_specialized and not s_ahead: the S group issues S_{j+1} right behind its P_j.V_j,
-    # before waiting for it (False: it waits for P_j.V_j, then issues S_{j+1} at the top of j + 1)
-    s_behind_pv: bool = False
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
@@ -439,9 +436,6 @@ class VerifyConfig:
         if (self.s_cols != 256 or self.q_regs or self.p_regs or not self.s_ahead) and not self.warp_specialized:
             raise ValueError("VerifyConfig: s_cols, q_regs, p_regs and s_ahead shape sm_90's warp-specialised kernel; "
                              "set warp_specialized=True (and gluon=True) or leave them at 256, 0, False and True")
-        if self.s_behind_pv and (self.s_ahead or not self.warp_specialized):
-            raise ValueError("VerifyConfig: s_behind_pv places S_{j+1} behind P_j.V_j in sm_90's warp-specialised "
-                             "kernel without s_ahead; set warp_specialized=True and s_ahead=False, or leave it False")
         if self.warp_specialized and self.s_ahead and self.num_stages < 3:
             raise ValueError("VerifyConfig: s_ahead needs num_stages >= 3 (S_{j+1} is issued while tile j is held: "
                              "with two buffers the loader would wait on every tile); set s_ahead=False")
@@ -585,8 +579,7 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
             ws_const = {**const, **WS_FP8_LAYOUT}
         else:
             ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
-                        "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead,
-                        "S_BEHIND_PV": cfg.s_behind_pv}
+                        "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead}
         return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 

@@ -532,48 +532,18 @@ def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
 
 
 @gluon.jit
-def _s_group_hand_over(s, acc, m_i, l_i, p_smem, scale_smem, p_ready, p_free, kn_lo, buf, j, n0, hi, is_draft,
-                       mask_row, row_ok, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       S_COLS: gl.constexpr, P_REGS: gl.constexpr):
-    """The S group's part of tile j once S_j is in: the softmax, P_j and its row scale handed to
-    the V group, the accumulator rescaled and its own P_j.V_j issued (the caller waits for it)."""
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, S_COLS, 16])
-    p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
-                                              BLOCK_N, gl.SliceLayout(0, S_L))
-    # the V group is done with P_{j-1} and its scale
-    mbarrier.wait(p_free, (j & 1) ^ 1)
-    p_bf = p.to(gl.bfloat16)
-    p_smem.store(p_bf)
-    scale_smem.store(alpha)
-    fence_async_shared()
-    mbarrier.arrive(p_ready, count=1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-    if S_COLS == 256:
-        v_lo = kn_lo.index(buf)
-    else:
-        v_lo = kn_lo.index(buf).slice(0, S_COLS, dim=1)
-    if P_REGS:  # its own P as the register operand: no read of P back through shared memory
-        p_a = gl.convert_layout(p_bf, gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2))
-    else:
-        p_a = p_smem
-    acc = warpgroup_mma(p_a, v_lo, acc, is_async=True)
-    return acc, m_i, l_i
-
-
-@gluon.jit
 def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr, P_REGS: gl.constexpr,
-                S_AHEAD: gl.constexpr, S_BEHIND_PV: gl.constexpr):
+                S_AHEAD: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, S_COLS, 16])
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
     row_ok = offs_m < n_rows
     mask_row = mask_rows + (offs_m // NUM_HEADS).to(gl.int64) * stride_mask
@@ -597,63 +567,52 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         q_mid = qn_hi.slice(0, 128, dim=1).load(Q_OP)
     else:
         q_mid = 0  # (unused)
-    if S_AHEAD or S_BEHIND_PV:  # S_0 before the loop; S_{j+1} is issued within iteration j
+    if S_AHEAD:
         mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
         fence_async_shared()
         s = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, 0, zero_s, Q_REGS)
         s = warpgroup_mma_wait(0, deps=[s])
-    if S_BEHIND_PV:
-        # S_{j+1} queued right behind P_j.V_j: its wgmma go out while P_j.V_j runs, and the tensor
-        # core never drains between the two. (The last tile, peeled, has no S behind it: a branch
-        # around the issue would hand its accumulators over in two types)
-        S_GROUPS: gl.constexpr = 4 if Q_REGS == 3 else 3  # one commit group a warpgroup_mma
-        for j in range(n_tiles - 1):
-            buf = j % NUM_STAGES
-            acc, m_i, l_i = _s_group_hand_over(s, acc, m_i, l_i, p_smem, scale_smem, p_ready, p_free, kn_lo, buf, j,
-                                               lo + j * BLOCK_N, hi, is_draft, mask_row, row_ok, qk_scale,
-                                               BLOCK_M, BLOCK_N, S_COLS, P_REGS)
+    for j in range(n_tiles):
+        buf = j % NUM_STAGES
+        n0 = lo + j * BLOCK_N
+        if S_AHEAD:
+            # S_{j+1} first, so the tensor core works through this tile's softmax (on the last
+            # tile: a discarded S of the next buffer, which no copy is writing)
             nb = (j + 1) % NUM_STAGES
-            mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1)
+            mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
             fence_async_shared()
-            s = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, Q_REGS)
-            # the groups complete in order: all but S_{j+1}'s is P_j.V_j, so tile j's buffer goes
-            # back to the loader as early as without S_{j+1} behind it
-            acc = warpgroup_mma_wait(S_GROUPS, deps=[acc])
-            mbarrier.arrive(kfree.index(buf), count=1)
+            s_nx = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, Q_REGS)
+        else:  # S_j now: the loader then has a whole iteration to fill the other buffer
+            mbarrier.wait(ready.index(buf), (j // NUM_STAGES) & 1)
+            fence_async_shared()
+            s = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, zero_s, Q_REGS)
             s = warpgroup_mma_wait(0, deps=[s])
-        if n_tiles > 0:
-            j = n_tiles - 1
-            buf = j % NUM_STAGES
-            acc, m_i, l_i = _s_group_hand_over(s, acc, m_i, l_i, p_smem, scale_smem, p_ready, p_free, kn_lo, buf, j,
-                                               lo + j * BLOCK_N, hi, is_draft, mask_row, row_ok, qk_scale,
-                                               BLOCK_M, BLOCK_N, S_COLS, P_REGS)
+        p, alpha, m_i, l_i = _online_softmax_step(s, n0, hi, is_draft, mask_row, row_ok, qk_scale, m_i, l_i,
+                                                  BLOCK_N, COL_S)
+        # the V group is done with P_{j-1} and its scale
+        mbarrier.wait(p_free, (j & 1) ^ 1)
+        p_bf = p.to(gl.bfloat16)
+        p_smem.store(p_bf)
+        scale_smem.store(alpha)
+        fence_async_shared()
+        mbarrier.arrive(p_ready, count=1)
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        if S_COLS == 256:
+            v_lo = kn_lo.index(buf)
+        else:
+            v_lo = kn_lo.index(buf).slice(0, S_COLS, dim=1)
+        if P_REGS:  # its own P as the register operand: no read of P back through shared memory
+            p_a = gl.convert_layout(p_bf, gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2))
+        else:
+            p_a = p_smem
+        acc = warpgroup_mma(p_a, v_lo, acc, is_async=True)
+        # (an accumulator still in flight across the loop's back edge makes ptxas serialise
+        # every wgmma of the kernel, C7514: P_j.V_j is waited for here)
+        if S_AHEAD:
+            acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
+        else:
             acc = warpgroup_mma_wait(0, deps=[acc])
-            mbarrier.arrive(kfree.index(buf), count=1)
-    else:
-        for j in range(n_tiles):
-            buf = j % NUM_STAGES
-            if S_AHEAD:
-                # S_{j+1} first, so the tensor core works through this tile's softmax (on the last
-                # tile: a discarded S of the next buffer, which no copy is writing)
-                nb = (j + 1) % NUM_STAGES
-                mbarrier.wait(ready.index(nb), ((j + 1) // NUM_STAGES) & 1, pred=j + 1 < n_tiles)
-                fence_async_shared()
-                s_nx = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, nb, zero_s, Q_REGS)
-            else:  # S_j now: the loader then has a whole iteration to fill the other buffer
-                mbarrier.wait(ready.index(buf), (j // NUM_STAGES) & 1)
-                fence_async_shared()
-                s = _issue_s_q(q_lo, q_mid, qn_hi, q_pe, kn_lo, kn_hi, kp_s, buf, zero_s, Q_REGS)
-                s = warpgroup_mma_wait(0, deps=[s])
-            acc, m_i, l_i = _s_group_hand_over(s, acc, m_i, l_i, p_smem, scale_smem, p_ready, p_free, kn_lo, buf, j,
-                                               lo + j * BLOCK_N, hi, is_draft, mask_row, row_ok, qk_scale,
-                                               BLOCK_M, BLOCK_N, S_COLS, P_REGS)
-            # (an accumulator still in flight across the loop's back edge makes ptxas serialise
-            # every wgmma of the kernel, C7514: P_j.V_j is waited for here)
-            if S_AHEAD:
-                acc, s = warpgroup_mma_wait(0, deps=[acc, s_nx])
-            else:
-                acc = warpgroup_mma_wait(0, deps=[acc])
-            mbarrier.arrive(kfree.index(buf), count=1)
+        mbarrier.arrive(kfree.index(buf), count=1)
     # the row sums go to the V group through the scale buffer once it has read the last scale
     mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
     scale_smem.store(l_i)
@@ -678,7 +637,6 @@ def _verify_split_kernel_gluon_ws(
     Q_REGS: gl.constexpr,
     P_REGS: gl.constexpr,
     S_AHEAD: gl.constexpr = True,
-    S_BEHIND_PV: gl.constexpr = False,
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert((S_COLS == 256) or (S_COLS == 128))  # output columns the S group keeps
@@ -686,7 +644,6 @@ def _verify_split_kernel_gluon_ws(
     # S_{j+1} is issued while tile j is still held: with two buffers the loader could only start
     # on tile j + 1 once tile j - 1 is released, right before S_{j+1} needs it
     gl.static_assert((NUM_STAGES >= 3) or (not S_AHEAD))
-    gl.static_assert(not (S_AHEAD and S_BEHIND_PV))  # one place for S_{j+1}
     gl.static_assert(gl.num_warps() == 4)  # the S group; the V group and the loader come on top
 
     pid_m = gl.program_id(0)
@@ -749,7 +706,7 @@ def _verify_split_kernel_gluon_ws(
     acc, m_i, l_i = gl.warp_specialize([
         (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
                        p_free, mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
-                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS, S_AHEAD, S_BEHIND_PV)),
+                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS, S_AHEAD)),
         (_ws_v_group, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
                        n_tiles, o_scale, BLOCK_M, NUM_STAGES, S_COLS, P_REGS)),

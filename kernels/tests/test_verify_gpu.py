@@ -289,8 +289,6 @@ CANDIDATES = [
     va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, s_ahead=False),
     va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=1, s_ahead=False),
     va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_ahead=False),
-    # S_{j+1} issued right behind the S group's P_j.V_j (session 29)
-    va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_ahead=False, s_behind_pv=True),
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
