@@ -66,6 +66,10 @@ VARIANTS = {
     "gluon-ws-n64q1-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1,
                             s_ahead=False),
     "gluon-ws-n64-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False),
+    # session 29: fp8 pools in the same layout, their loader widening tile j before it waits for
+    # tile j + 1's buffer (two buffers)
+    "gluon-ws-n64-fp8own": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False,
+                             fp8_own_layout=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

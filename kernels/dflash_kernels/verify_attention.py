@@ -414,6 +414,9 @@ class VerifyConfig:
     # with warp_specialized: the S group issues S_{j+1} before tile j's softmax (True), or S_j at
     # the top of iteration j (False: two K buffers suffice, so 64-latent tiles fit)
     s_ahead: bool = True
+    # with warp_specialized: fp8 pools run this config's tiles, buffers and S placement too (True),
+    # or WS_FP8_LAYOUT's (False)
+    fp8_own_layout: bool = False
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
@@ -575,7 +578,10 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
         return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
-        if fp8_pool:  # whatever the bf16 pools' layout (WS_FP8_LAYOUT says why)
+        if fp8_pool and cfg.fp8_own_layout:  # the config's tiles, buffers and S placement; S group's 256 columns
+            ws_const = {**const, "NUM_STAGES": cfg.num_stages, "S_COLS": 256, "Q_REGS": 0, "P_REGS": False,
+                        "S_AHEAD": cfg.s_ahead}
+        elif fp8_pool:  # whatever the bf16 pools' layout (WS_FP8_LAYOUT says why)
             ws_const = {**const, **WS_FP8_LAYOUT}
         else:
             ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition

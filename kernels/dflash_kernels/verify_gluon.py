@@ -424,23 +424,41 @@ def _fp8_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, KV, stride_kv, lo, hi
     for j in range(n_tiles):
         buf = j % NUM_STAGES
         nb = (j + 1) % NUM_STAGES
-        if j + 1 < n_tiles:  # both MMA groups are done with the tile that last used buffer nb
-            mbarrier.wait(kfree.index(nb), (((j + 1) // NUM_STAGES) & 1) ^ 1)
-            _stage_fp8_tile(kn_hi, kp_s, nb, slots, KV, stride_kv, BLOCK_N)
-        cp.commit_group()  # (empty past the last tile: one group per iteration)
-        slots = _tile_slots(idx_ptr, lo + (j + 2) * BLOCK_N, hi, False, BLOCK_N, ROW_G)
-        cp.wait_group(1)  # this thread's copies of tile j are in
-        s_lo, s_hi, s_pe = _staged_fp8(kn_hi, kp_s, buf, KV.dtype.element_ty, BLOCK_N)
-        kn_lo.index(buf).store(_widen(s_lo.load(WS_GATHER)))  # (columns 0..255 hold no staged bytes)
-        x_hi = s_hi.load(WS_GATHER)
-        x_pe = s_pe.load(WS_GATHER)
-        cta_barrier()  # every loader thread has read the staged bytes the stores below overwrite
-        kn_hi.index(buf).store(_widen(x_hi))
-        kp_s.index(buf).store(_widen(x_pe))
-        fence_async_shared()  # the stores, before wgmma reads them (the async proxy)
-        cta_barrier()  # (this partition's warps only)
-        mbarrier.arrive(ready.index(buf), count=32 * WS_LOADER_WARPS)  # as many as the bf16 copies' arrives
+        if NUM_STAGES == 2:
+            # two buffers: tile j is widened as soon as its copies are in, before the wait for
+            # tile j + 1's buffer (the MMAs of tile j - 1), so the MMA groups never wait for a
+            # widening; tile j + 1's copies then have the MMAs of tile j to land
+            cp.wait_group(0)
+            _widen_staged_tile(kn_lo, kn_hi, kp_s, ready, buf, KV.dtype.element_ty, BLOCK_N)
+            if j + 1 < n_tiles:
+                mbarrier.wait(kfree.index(nb), (((j + 1) // NUM_STAGES) & 1) ^ 1)
+                _stage_fp8_tile(kn_hi, kp_s, nb, slots, KV, stride_kv, BLOCK_N)
+            cp.commit_group()
+            slots = _tile_slots(idx_ptr, lo + (j + 2) * BLOCK_N, hi, False, BLOCK_N, ROW_G)
+        else:
+            if j + 1 < n_tiles:  # both MMA groups are done with the tile that last used buffer nb
+                mbarrier.wait(kfree.index(nb), (((j + 1) // NUM_STAGES) & 1) ^ 1)
+                _stage_fp8_tile(kn_hi, kp_s, nb, slots, KV, stride_kv, BLOCK_N)
+            cp.commit_group()  # (empty past the last tile: one group per iteration)
+            slots = _tile_slots(idx_ptr, lo + (j + 2) * BLOCK_N, hi, False, BLOCK_N, ROW_G)
+            cp.wait_group(1)  # this thread's copies of tile j are in
+            _widen_staged_tile(kn_lo, kn_hi, kp_s, ready, buf, KV.dtype.element_ty, BLOCK_N)
     cp.wait_group(0)
+
+
+@gluon.jit
+def _widen_staged_tile(kn_lo, kn_hi, kp_s, ready, buf, FP8: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Widen the fp8 tile staged in K buffer buf to bf16 in place and count it on ready[buf]."""
+    s_lo, s_hi, s_pe = _staged_fp8(kn_hi, kp_s, buf, FP8, BLOCK_N)
+    kn_lo.index(buf).store(_widen(s_lo.load(WS_GATHER)))  # (columns 0..255 hold no staged bytes)
+    x_hi = s_hi.load(WS_GATHER)
+    x_pe = s_pe.load(WS_GATHER)
+    cta_barrier()  # every loader thread has read the staged bytes the stores below overwrite
+    kn_hi.index(buf).store(_widen(x_hi))
+    kp_s.index(buf).store(_widen(x_pe))
+    fence_async_shared()  # the stores, before wgmma reads them (the async proxy)
+    cta_barrier()  # (this partition's warps only)
+    mbarrier.arrive(ready.index(buf), count=32 * WS_LOADER_WARPS)  # as many as the bf16 copies' arrives
 
 
 @gluon.jit
