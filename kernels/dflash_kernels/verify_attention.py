@@ -414,9 +414,6 @@ class VerifyConfig:
     # with warp_specialized: the S group issues S_{j+1} before tile j's softmax (True), or S_j at
     # the top of iteration j (False: two K buffers suffice, so 64-latent tiles fit)
     s_ahead: bool = True
-    # with warp_specialized: fp8 pools run this config's tiles, buffers and S placement too (True),
-    # or WS_FP8_LAYOUT's (False)
-    fp8_own_layout: bool = False
     mma2: bool = False  # the Gluon split kernel over S^T for mma.sync GPUs (verify_mma2.py); block 32 x 32, 8 warps
     # with mma2: bf16 pools run its two-team kernel (verify_teams.py: a default partition of 4
     # warps, a team of 4 and a loader, 12 in all), fp8 pools the 8-warp kernel (verify_mma2.py)
@@ -467,7 +464,7 @@ CONFIGS = {
     # A profile of the old layout had the tensor pipe 49% busy and the S group's serial chain
     # (36 wgmma issued, the softmax, the hand-over of P) setting the pace: 64 latents a wgmma halve
     # the instructions and softmax passes a latent. It reads every pool: its loader widens an fp8
-    # pool's rows to bf16 (session 8).
+    # pool's rows to bf16 (session 8), in the same tiles since session 29 (split_kernel).
     # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
     # (the fallback without Gluon).
     "sm90": VerifyConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, min_chunk=64, gluon=True,
@@ -487,14 +484,6 @@ CONFIGS = {
                           rope_lines=True, sums_xor=True),
     "sm80": VerifyConfig(block_m=32, block_n=16, num_warps=4, num_stages=2),
 }
-# fp8 pools in sm_90's warp-specialised kernel: 32-latent tiles in four buffers with S_{j+1} issued
-# ahead, the S group's 256 columns, Q and P in shared memory (sessions 8-27). Its loader stages a
-# tile's fp8 bytes and widens them in place once the next tile's copies are out; with two buffers
-# of 64 latents (the bf16 pools' layout since session 28) that widening waits for the previous
-# tile's MMAs on every tile: 28% slower at 128k, t = 16, 30% at t = 64 (RESULTS.md, session 28).
-# Its slices are those of the plan's BLOCK_N (64 for CONFIGS["sm90"]), which 32-latent tiles cut
-# evenly; a single request's program cuts its own from this BLOCK_N and writes the merge's count.
-WS_FP8_LAYOUT = {"BLOCK_N": 32, "NUM_STAGES": 4, "S_COLS": 256, "Q_REGS": 0, "P_REGS": False, "S_AHEAD": True}
 MERGE_NUM_WARPS = 4
 # The merge tile for a mean number of partials per request (its slices and its draft block, a
 # static bound from the split count and the batch): (most mean partials, tile), the first that
@@ -578,11 +567,15 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
         return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
-        if fp8_pool and cfg.fp8_own_layout:  # the config's tiles, buffers and S placement; S group's 256 columns
+        if fp8_pool:
+            # the config's tiles, buffers and S placement, with the S group's 256 columns and Q and P
+            # in shared memory: the fp8 loader's 80 registers leave the S group no room for Q or P
+            # (session 8). Until session 29 fp8 pools ran 32-latent tiles in four buffers whatever
+            # the config; with the loader widening a tile before it waits for the next one's buffer,
+            # the bf16 pools' 64-latent tiles in two buffers are as fast at 128k-200k, t = 16, and
+            # 2.5-5% faster at 1k-32k and 3.6% at t = 64 (RESULTS.md)
             ws_const = {**const, "NUM_STAGES": cfg.num_stages, "S_COLS": 256, "Q_REGS": 0, "P_REGS": False,
                         "S_AHEAD": cfg.s_ahead}
-        elif fp8_pool:  # whatever the bf16 pools' layout (WS_FP8_LAYOUT says why)
-            ws_const = {**const, **WS_FP8_LAYOUT}
         else:
             ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
                         "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead}

@@ -330,7 +330,7 @@ WS_V_WIDE_REGS = gl.constexpr(232)  # the V group of 384 columns (S_COLS 128): 1
 # launch limit: 12 warps x 32 threads x 168 <= 65,536 registers; the partitions then take the V
 # group's and the loader's counts, and the S group the rest of 504 a thread (at most 256). Beside
 # the wide V group the S group gets 232: enough for its 64 accumulators, Q's 64 registers and
-# two S tiles (with the fp8 loader's 72 it would get 200, and Q in registers spills there)
+# two S tiles (with the fp8 loader's 80 it would get 192, and Q in registers spills there)
 WS_MAXNREG = 168
 
 
@@ -372,9 +372,9 @@ def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_s
 # fp8 pools (session 8). wgmma on sm_90 takes fp8 only with both operands fp8, so the pool's tiles
 # are widened to bf16 (exact) before S and P.V read them, and the widening is the loader's: the
 # MMA warps do no conversion. A tile's fp8 rows (cp.async, half the bytes of bf16 ones) are staged
-# inside the K buffer they are widened into (the nope halves in the 16 KB of its bf16 columns
-# 256..511, the rope part in the first half of its rope tile), so the kernel keeps its four K
-# buffers (separate staging buffers left room for three: 4-7% slower, RESULTS.md). Each loader
+# inside the K buffer they are widened into (the nope halves in the bytes of its bf16 columns
+# 256..511, the rope part in the first half of its rope tile), so the kernel keeps its K buffers
+# (separate staging buffers left room for three of 32 latents: 4-7% slower, RESULTS.md). Each loader
 # thread reads back the bytes it copied itself (no barrier between its copy and its read); one
 # barrier of the loader's warps between the last read and the first store over staged bytes.
 # The layout is the bf16 gathers' (WS_GATHER): a thread copies 8 fp8 bytes and stores the 16 bf16
@@ -384,7 +384,9 @@ def _ws_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, qo_s
 # part's 64-byte rows lie side by side as they are).
 WS_FP8_NOPE_SH: gl.constexpr = gl.SwizzledSharedLayout(64, 1, 4, [1, 0])
 WS_FP8_ROPE_SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-WS_FP8_LOADER_REGS = gl.constexpr(72)  # a tile's fp8 bytes and their widening (the 32 spare of 512)
+# a tile's fp8 bytes and their widening: 72 sufficed over 32-latent tiles; over 64 (session 29)
+# Triton 3.8's build of the loader spills 8 bytes in 72
+WS_FP8_LOADER_REGS = gl.constexpr(80)
 
 
 @gluon.jit

@@ -65,17 +65,13 @@ def test_manifest(built):
         for name in {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES:
             assert (arch, name) in names
     assert len(names) == len(manifest["kernels"]) == 2 * (1 + len(MASK_NAMES) + len(SPLIT_NAMES) + len(MERGE_NAMES))
-    # every pool's split kernel and the plan kernel, which rounds slices to its tile, share a config;
-    # on sm_90 fp8 pools run 32-latent tiles (WS_FP8_LAYOUT), which cut the plan's 64 evenly
+    # every pool's split kernel and the plan kernel, which rounds slices to its tile, share a config
+    # (fp8 pools among them: on sm_90 they run the bf16 pools' 64-latent tiles since session 29)
     tiles = {(k["arch"], k["name"]): k["constexprs"]["BLOCK_N"] for k in manifest["kernels"]
              if k["name"].startswith(("verify_split", "verify_plan"))}
-    fp8_splits = {name for name in SPLIT_NAMES if "fp8" in name}
-    assert fp8_splits and len(fp8_splits) < len(SPLIT_NAMES)
+    assert any("fp8" in name for name in SPLIT_NAMES)
     for arch, key in ((120, "sm120"), (90, "sm90")):
-        plan_tile = va.CONFIGS[key].block_n
-        assert {tiles[arch, name] for name in {"verify_plan"} | (SPLIT_NAMES - fp8_splits)} == {plan_tile}
-        fp8_tile = va.WS_FP8_LAYOUT["BLOCK_N"] if arch == 90 else plan_tile
-        assert {tiles[arch, name] for name in fp8_splits} == {fp8_tile} and plan_tile % fp8_tile == 0
+        assert {tiles[arch, name] for name in {"verify_plan"} | SPLIT_NAMES} == {va.CONFIGS[key].block_n}
     for k in manifest["kernels"]:
         assert os.path.getsize(os.path.join(out, k["cubin"])) > 0
         assert k["symbol"].startswith(("tree_mask_kernel",) if k["name"] in MASK_NAMES
@@ -256,20 +252,20 @@ def test_warp_specialised_q_in_registers_layout_builds_as_designed(tmp_path):
 
 
 def test_warp_specialised_sm90_kernel_builds_for_fp8_pools(tmp_path):
-    """The shipped kernel for an fp8 pool (session 8): MMA groups of 256 columns each over four K
-    buffers of 32 latents (WS_FP8_LAYOUT, whatever the bf16 pools' layout), and a loader that
-    stages the pool's rows inside them (cp.async, not counted on the barrier: it arrives once its
-    widened stores are in) and copies a draft block's bf16 rows as before; it spills nothing and
-    widens with full-rate instructions (no F2F, the conversion pipe of the softmax's exponentials)."""
+    """The shipped kernel for an fp8 pool (sessions 8 and 29): the bf16 pools' tiles (two K buffers
+    of 64 latents, S_j in its own iteration), MMA groups of 256 columns each, and a loader that
+    stages the pool's rows inside the buffers (cp.async, not counted on the barrier: it arrives
+    once its widened stores are in) and copies a draft block's bf16 rows as before; it spills
+    nothing and widens with full-rate instructions (no F2F, the conversion pipe of the softmax's
+    exponentials)."""
     from dflash_kernels import verify_gluon as vg
-    va = aot.va
     _, kernel, sig, const, opts = _spec(90, "verify_split_fp8e4m3")
     assert sig["KV"] == "*fp8e4nv" and "k_scale" in sig
-    assert (const["BLOCK_N"], const["NUM_STAGES"], const["S_AHEAD"]) == (32, 4, True)  # va.WS_FP8_LAYOUT
-    assert {k: const[k] for k in va.WS_FP8_LAYOUT} == va.WS_FP8_LAYOUT
+    assert (const["BLOCK_N"], const["NUM_STAGES"], const["S_AHEAD"]) == (64, 2, False)
+    assert (const["S_COLS"], const["Q_REGS"], const["P_REGS"]) == (256, 0, False)
     sass, ptx, regs = _build_warp_specialised(kernel, sig, const, opts, tmp_path)
     assert {"256", str(vg.WS_V_REGS.value), str(vg.WS_FP8_LOADER_REGS.value)} <= regs, regs
-    assert sass.count("HGMMA.64x32x16.F32.BF16") == 2 * 36 and sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 2
+    assert sass.count("HGMMA.64x64x16.F32.BF16") == 36 and sass.count("HGMMA.64x256x16.F32.BF16") == 2 * 4
     assert "LDGSTSBAR.64.ARVCNT" in sass  # the draft block's copies, as in the bf16 kernel
     assert "F2FP.F16.E4M3.UNPACK_B" in sass and "F2F.BF16" not in sass
     _assert_wgmma_stays_async(ptx, tmp_path)

@@ -32,9 +32,9 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
     # a 40-node tree: the packed mask spans two 32-bit words, with 64-wide tiles
     dict(lens=[70, 3], ts=[40, 33], heads=1, num_splits=2,
          config=dict(block_m=32, block_n=64, num_warps=4, num_stages=1, min_chunk=64, idx_ahead=True)),
-    # a split kernel whose tiles are half the plan's BLOCK_N, as sm_90's fp8 pools run (32-latent
-    # tiles under a plan of 64, WS_FP8_LAYOUT): slices cut by the plan kernel (a batch), and by a
-    # single request's own programs from their BLOCK_N, which then tell the merge how many
+    # a split kernel whose tiles are half the plan's BLOCK_N, as sm_90's fp8 pools ran in sessions
+    # 28-29 (32-latent tiles under a plan of 64): slices cut by the plan kernel (a batch), and by
+    # a single request's own programs from their BLOCK_N, which then tell the merge how many
     dict(lens=[0, 300, 95, 33], ts=[2, 3, 4, 1], heads=4, num_splits=5, kv_dtype="float8_e4m3fn",
          k_scale=0.37, v_scale=1.9, split_block_n=16, config=dict(SMALL, block_n=32, min_chunk=32)),
     dict(lens=[300], ts=[4], heads=2, num_splits=7, split_block_n=16, config=dict(SMALL, block_n=32, min_chunk=32)),

@@ -147,8 +147,8 @@ def test_every_pool_runs_the_shipped_kernels():
         assert va.takes_scales(va.split_kernel(cfg, 8, fp8_pool=True)[0]), cfg
     # sm_90: bf16 pools run 64-latent tiles in two buffers, S_j in its own iteration, 256 S-group
     # columns and Q and P in shared memory (session 28); a config with Q's first 384 columns and P
-    # in registers (sessions 13 and 27) runs them for bf16 pools only. fp8 pools run one layout
-    # whatever the config's: 32-latent tiles in four buffers, S ahead, 256 columns (WS_FP8_LAYOUT)
+    # in registers (sessions 13 and 27) runs them for bf16 pools only. fp8 pools run the config's
+    # tiles, buffers and S placement with 256 columns and Q and P in shared memory (session 29)
     _, bf16_const, _ = va.split_kernel(va.CONFIGS["sm90"], 8)
     assert (bf16_const["BLOCK_N"], bf16_const["NUM_STAGES"], bf16_const["S_AHEAD"]) == (64, 2, False)
     assert (bf16_const["S_COLS"], bf16_const["Q_REGS"], bf16_const["P_REGS"]) == (256, 0, False)
@@ -156,13 +156,10 @@ def test_every_pool_runs_the_shipped_kernels():
                                      p_regs=True)
     _, q_const, _ = va.split_kernel(q_in_registers, 8)
     assert (q_const["S_COLS"], q_const["Q_REGS"], q_const["P_REGS"]) == (128, 3, True)
-    for cfg in (va.CONFIGS["sm90"], q_in_registers):
+    for cfg, layout in ((va.CONFIGS["sm90"], (64, 2, False)), (q_in_registers, (32, 4, True))):
         _, fp8_const, _ = va.split_kernel(cfg, 8, fp8_pool=True)
-        assert {k: fp8_const[k] for k in va.WS_FP8_LAYOUT} == va.WS_FP8_LAYOUT
-        assert (fp8_const["BLOCK_N"], fp8_const["NUM_STAGES"], fp8_const["S_COLS"]) == (32, 4, 256)
-    # the fp8 kernel's tiles cut the plan's slices evenly, and its minimum slice
-    assert va.CONFIGS["sm90"].block_n % va.WS_FP8_LAYOUT["BLOCK_N"] == 0
-    assert va.CONFIGS["sm90"].min_chunk % va.WS_FP8_LAYOUT["BLOCK_N"] == 0
+        assert (fp8_const["BLOCK_N"], fp8_const["NUM_STAGES"], fp8_const["S_AHEAD"]) == layout
+        assert (fp8_const["S_COLS"], fp8_const["Q_REGS"], fp8_const["P_REGS"]) == (256, 0, False)
     # sm_120: bf16 pools run the two-team kernel (4 warps at launch, 12 in all), fp8 pools the
     # 8-warp kernel, which widens their tiles (session 12)
     teams, _, teams_opts = va.split_kernel(va.CONFIGS["sm120"], 8)

@@ -147,19 +147,18 @@ def test_fp8_pool_vs_reference_and_sglang(kv_dtype, config):
     assert not torch.isnan(theirs).any() and e_ours <= e_peer
 
 
-# fp8 pools in the 64-latent layout of bf16 pools, their loader widening a tile before it waits
-# for the next tile's buffer (session 29)
-FP8_OWN_LAYOUT = va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_ahead=False,
-                                 fp8_own_layout=True)
+# sm_90's layout of sessions 4-12: 32-latent tiles in four buffers, S ahead, which fp8 pools ran
+# until session 29 (their loader's four-buffer order: the next tile's copies, then the widening)
+FOUR_BUFFERS = va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True)
 
 
-@pytest.mark.parametrize("config", [None, FP8_OWN_LAYOUT], ids=["shipped", "fp8-own-layout"])
+@pytest.mark.parametrize("config", [None, FOUR_BUFFERS], ids=["shipped", "four-buffers"])
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16])
 def test_scaled_pool_every_shape(kv_dtype, config):
     """Pools with scales through the shapes the candidates' test covers (t = 64 trees across a
     mask word, a request with no prefix, t = 1, slices ending mid-tile), a paged pool with 16
-    heads and one request (whose programs cut their own slices), on the arch's own config: on
-    sm_90 the loader widens fp8 rows itself (session 8); and in the layout of a candidate."""
+    heads and one request (whose programs cut their own slices), on the arch's own config (on
+    sm_90 the loader widens fp8 rows itself, session 8), and in sm_90's four-buffer layout."""
     if config is not None and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon split kernel is written for sm_90 (wgmma)")
     scales = dict(k_scale=0.37, v_scale=1.9)
