@@ -416,8 +416,9 @@ def _widen(x):
 @gluon.jit
 def _fp8_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, KV, stride_kv, lo, hi, n_tiles,
                 BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """A prefix slice of an fp8 pool: tile j + 1's copies go out as soon as its buffer is free,
-    then tile j (copied an iteration earlier) is widened in place."""
+    """A prefix slice of an fp8 pool. With three or more buffers tile j + 1's copies go out as
+    soon as its buffer is free, then tile j (copied an iteration earlier) is widened in place;
+    with two, tile j is widened first (session 29: otherwise each widening waits for the MMAs)."""
     ROW_G: gl.constexpr = gl.SliceLayout(1, WS_GATHER)
     if n_tiles > 0:  # tile 0 into buffer 0, free at the start
         _stage_fp8_tile(kn_hi, kp_s, 0, _tile_slots(idx_ptr, lo, hi, False, BLOCK_N, ROW_G), KV, stride_kv, BLOCK_N)
