@@ -567,6 +567,8 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
         return _verify_split_kernel, {**const, "IDX_AHEAD": cfg.idx_ahead}, opts
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
+        ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
+                    "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead}
         if fp8_pool:
             # the config's tiles, buffers and S placement, with the S group's 256 columns and Q and P
             # in shared memory: the fp8 loader's 80 registers leave the S group no room for Q or P
@@ -574,11 +576,7 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
             # the config; with the loader widening a tile before it waits for the next one's buffer,
             # the bf16 pools' 64-latent tiles in two buffers are as fast at 128k-200k, t = 16, and
             # 2.5-5% faster at 1k-32k and 3.6% at t = 64 (RESULTS.md)
-            ws_const = {**const, "NUM_STAGES": cfg.num_stages, "S_COLS": 256, "Q_REGS": 0, "P_REGS": False,
-                        "S_AHEAD": cfg.s_ahead}
-        else:
-            ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
-                        "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead}
+            ws_const.update(S_COLS=256, Q_REGS=0, P_REGS=False)
         return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
 

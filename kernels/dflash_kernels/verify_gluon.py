@@ -433,17 +433,12 @@ def _fp8_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, KV, stride_kv, lo, hi
             # widening; tile j + 1's copies then have the MMAs of tile j to land
             cp.wait_group(0)
             _widen_staged_tile(kn_lo, kn_hi, kp_s, ready, buf, KV.dtype.element_ty, BLOCK_N)
-            if j + 1 < n_tiles:
-                mbarrier.wait(kfree.index(nb), (((j + 1) // NUM_STAGES) & 1) ^ 1)
-                _stage_fp8_tile(kn_hi, kp_s, nb, slots, KV, stride_kv, BLOCK_N)
-            cp.commit_group()
-            slots = _tile_slots(idx_ptr, lo + (j + 2) * BLOCK_N, hi, False, BLOCK_N, ROW_G)
-        else:
-            if j + 1 < n_tiles:  # both MMA groups are done with the tile that last used buffer nb
-                mbarrier.wait(kfree.index(nb), (((j + 1) // NUM_STAGES) & 1) ^ 1)
-                _stage_fp8_tile(kn_hi, kp_s, nb, slots, KV, stride_kv, BLOCK_N)
-            cp.commit_group()  # (empty past the last tile: one group per iteration)
-            slots = _tile_slots(idx_ptr, lo + (j + 2) * BLOCK_N, hi, False, BLOCK_N, ROW_G)
+        if j + 1 < n_tiles:  # both MMA groups are done with the tile that last used buffer nb
+            mbarrier.wait(kfree.index(nb), (((j + 1) // NUM_STAGES) & 1) ^ 1)
+            _stage_fp8_tile(kn_hi, kp_s, nb, slots, KV, stride_kv, BLOCK_N)
+        cp.commit_group()  # (empty past the last tile: one group per iteration)
+        slots = _tile_slots(idx_ptr, lo + (j + 2) * BLOCK_N, hi, False, BLOCK_N, ROW_G)
+        if NUM_STAGES > 2:  # tile j + 1's copies are out while tile j is widened
             cp.wait_group(1)  # this thread's copies of tile j are in
             _widen_staged_tile(kn_lo, kn_hi, kp_s, ready, buf, KV.dtype.element_ty, BLOCK_N)
     cp.wait_group(0)
