@@ -66,9 +66,6 @@ VARIANTS = {
     "gluon-ws-n64q1-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1,
                             s_ahead=False),
     "gluon-ws-n64-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False),
-    # the split kernel merges too, after a grid barrier, where its grid fits one wave (session 30)
-    "gluon-ws-n64-fused": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False,
-                            fused_merge=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

@@ -45,9 +45,6 @@ _SPLIT_SIG = {
 }
 # the split kernels that read scaled pools take the pool's scales (va.takes_scales)
 _SCALES_SIG = {"k_scale": "fp32", "v_scale": "fp32"}
-# and sm_90's warp-specialised kernel the output, for a merge of its own (VerifyConfig.fused_merge)
-_FUSED_SIG = {"OUT": "*bf16", "LSE_OUT": "*fp32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32",
-              "stride_lh": "i32"}
 # Pool dtypes the split kernel is built for: name suffix -> Triton's pointer type, on the archs that
 # take fp8 pools (va.fp8_capable); an arch's one config reads them all.
 KV_POOL_TYPES = {"": "*bf16", "_fp8e4m3": "*fp8e4nv", "_fp8e5m2": "*fp8e5"}
@@ -76,7 +73,7 @@ _MERGE_SIG = {
 # 16-byte aligned; 576- and 512-wide rows): the AOT build must assume the same, or its loads
 # are not vectorised and it is not the code that runs.
 _DIV16 = {"Q", "K_EXT", "KV", "KV_INDICES", "KV_INDPTR", "QO_INDPTR", "TREE_MASK", "PLAN", "PART_O",
-          "PART_LSE", "OUT", "LSE", "LSE_OUT", "stride_qt", "stride_qh", "stride_kext", "stride_kv",
+          "PART_LSE", "OUT", "LSE", "stride_qt", "stride_qh", "stride_kext", "stride_kv",
           "stride_ot", "stride_oh"}
 
 
@@ -129,8 +126,7 @@ def _split_spec(arch: int, heads: int, kv_type: str, idx_type: str):
 
 def split_signature(fn, kv_type: str = "*bf16", idx_type: str = "*i32") -> dict:
     """Runtime argument types of split kernel fn for a pool of kv_type and kv_indices of idx_type."""
-    return {**_SPLIT_SIG, "KV": kv_type, "KV_INDICES": idx_type, **(_SCALES_SIG if va.takes_scales(fn) else {}),
-            **(_FUSED_SIG if "OUT" in fn.arg_names else {})}
+    return {**_SPLIT_SIG, "KV": kv_type, "KV_INDICES": idx_type, **(_SCALES_SIG if va.takes_scales(fn) else {})}
 
 
 def _with_sig(spec, signature):

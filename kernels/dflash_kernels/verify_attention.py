@@ -426,9 +426,6 @@ class VerifyConfig:
     # merge kernel: a MergeTile (or its fields as a tuple); None: chosen from the split count and
     # the batch (merge_tile)
     merge_tile: MergeTile | tuple | None = None
-    # with warp_specialized: the split kernel merges too, after a grid barrier, where its grid
-    # fits one wave of programs with few enough slices lost (fused_merge_splits); no merge kernel
-    fused_merge: bool = False
 
     def __post_init__(self):
         if self.merge_tile is not None and not isinstance(self.merge_tile, MergeTile):
@@ -445,9 +442,6 @@ class VerifyConfig:
         if (self.rope_lines or self.sums_xor) and not self.teams:
             raise ValueError("VerifyConfig: rope_lines and sums_xor shape sm_120's two-team kernel; set mma2=True "
                              "and teams=True or leave them False")
-        if self.fused_merge and not self.warp_specialized:
-            raise ValueError("VerifyConfig: fused_merge is a mode of sm_90's warp-specialised kernel; set "
-                             "warp_specialized=True (and gluon=True) or leave it False")
         if self.q_regs and self.s_cols != 128:
             raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
                              "registers left for Q (it spills)")
@@ -574,10 +568,7 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
         ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
-                    "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead,
-                    # the merge after a grid barrier: off here; a launch that fuses it sets these
-                    # (fused_split_constexprs)
-                    "FUSED_MERGE": False, "MERGE_D": FUSED_MERGE_D, "MERGE_CHUNK": 64, "WRITE_LSE": False}
+                    "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead}
         if fp8_pool:
             # the config's tiles, buffers and S placement, with the S group's 256 columns and Q and P
             # in shared memory: the fp8 loader's 80 registers leave the S group no room for Q or P
@@ -588,12 +579,6 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
             ws_const.update(S_COLS=256, Q_REGS=0, P_REGS=False)
         return verify_gluon._verify_split_kernel_gluon_ws, ws_const, {**opts, "maxnreg": verify_gluon.WS_MAXNREG}
     return verify_gluon._verify_split_kernel_gluon, const, opts
-
-
-def fused_split_constexprs(const: dict, num_splits: int, write_lse: bool) -> dict:
-    """The warp-specialised split kernel's constexprs for a launch that merges too: a request's
-    slots (at most num_splits) are merged in one chunk of the next power of two."""
-    return {**const, "FUSED_MERGE": True, "MERGE_CHUNK": triton.next_power_of_2(num_splits), "WRITE_LSE": write_lse}
 
 
 def plan_kernel(cfg: VerifyConfig, bs_pad: int):
@@ -674,30 +659,6 @@ def fp8_pool_supported(device: torch.device) -> bool:
     return device.type == "cpu" or fp8_capable(major, minor)
 
 
-# A fused merge needs every program of the grid resident at once (one an SM at these tile sizes),
-# its BATCH spare and BATCH draft-block columns included, so it takes 2 x batch slices off each
-# row block's default; it is used where that keeps at least this share of them (bs = 1, t = 16,
-# 8 heads on 132 SMs: 64 of 66; not t = 64's 14 of 16, whose programs would run 14% longer).
-FUSED_MIN_SPLIT_SHARE = 0.9
-FUSED_MERGE_D = 128  # output columns a unit of the fused merge (verify_gluon._merge_share)
-
-
-def fused_merge_splits(cfg: VerifyConfig, num_sms: int, batch: int, row_blocks: int) -> int | None:
-    """Prefix slices of a grid whose split kernel merges too (cfg.fused_merge), or None where the
-    merge kernel is kept. Static sizes only."""
-    if not cfg.fused_merge:
-        return None
-    ns = num_sms // max(1, row_blocks) - 2 * batch
-    full = default_num_splits(num_sms, batch, row_blocks, cfg.waves)
-    return ns if ns >= 1 and ns >= FUSED_MIN_SPLIT_SHARE * full else None
-
-
-def merges_in_split(cfg: VerifyConfig, num_sms: int, batch: int, row_blocks: int, num_splits: int) -> bool:
-    """Whether a launch of this shape merges in its split kernel: the config asks for it and its
-    grid (row_blocks x (num_splits + 2 x batch)) is one program an SM at most."""
-    return cfg.fused_merge and row_blocks * (num_splits + 2 * batch) <= num_sms
-
-
 def default_num_splits(num_sms: int, batch: int, row_blocks: int, waves: float = 1.0) -> int:
     """Prefix slices for the whole batch (shared out by length on the device) so that
     row_blocks x slices <= waves x SMs (one program per SM at these tile sizes; rounding down
@@ -729,12 +690,11 @@ def workspace_shape(batch: int, num_heads: int, max_q_len: int, num_splits: int)
 
 
 def alloc_workspace(batch, num_heads, max_q_len, num_splits, device):
-    """(partial_o float32, partial_lse float32, plan int32) for ``verify_attention``. The plan
-    starts zeroed: a fused merge's grid barrier keeps its two words there (verify_gluon)."""
+    """(partial_o float32, partial_lse float32, plan int32) for ``verify_attention``."""
     so, sl, sp = workspace_shape(batch, num_heads, max_q_len, num_splits)
     return (torch.empty(so, dtype=torch.float32, device=device),
             torch.empty(sl, dtype=torch.float32, device=device),
-            torch.zeros(sp, dtype=torch.int32, device=device))
+            torch.empty(sp, dtype=torch.int32, device=device))
 
 
 def plan(q: torch.Tensor, batch: int, max_q_len: int | None = None, num_splits: int | None = None,
@@ -746,8 +706,7 @@ def plan(q: torch.Tensor, batch: int, max_q_len: int | None = None, num_splits: 
     h = q.shape[1]
     mq = int(max_q_len) if max_q_len is not None else q.shape[0]
     row_blocks = triton.cdiv(mq * h, cfg.block_m)
-    ns = num_splits or fused_merge_splits(cfg, sms, batch, row_blocks) \
-        or default_num_splits(sms, batch, row_blocks, waves or cfg.waves)
+    ns = num_splits or default_num_splits(sms, batch, row_blocks, waves or cfg.waves)
     return cfg, ns, mq
 
 
@@ -878,8 +837,6 @@ def verify_attention(
     rows_max = mq * h
     bs_pad = triton.next_power_of_2(max(batch, 2))
     grid = (triton.cdiv(rows_max, cfg.block_m), ns + 2 * batch)
-    fused = merges_in_split(cfg, _device_info(q.device)[2], batch, grid[0], ns)
-    lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
     if "split" in _phases:  # (_phases: the benchmark times the merge alone)
         if batch > 1 and not plan_ready:  # (one request's programs cut their own slices: _program_slice)
             plan_fn, plan_const, plan_opts = plan_kernel(cfg, bs_pad)
@@ -892,14 +849,9 @@ def verify_attention(
                       rows_max, ns, batch)
         if reads_scales:
             split_args += (float(k_scale), float(v_scale))
-        if "OUT" in split_fn.arg_names:  # (the warp-specialised kernel; used with a fused merge only)
-            split_args += (out, lse_arg, out.stride(0), out.stride(1),
-                           lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0)
-        if fused:  # one launch: the merge follows a grid barrier, so the grid must be resident at once
-            split_const = fused_split_constexprs(split_const, ns, lse is not None)
-            split_opts = {**split_opts, "launch_cooperative_grid": True}
         split_fn[grid](*split_args, **split_const, **split_opts)
-    if "merge" in _phases and not fused:
+    lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
+    if "merge" in _phases:
         tile = merge_tile(cfg, ns, batch)
         merge_fn, merge_const, merge_opts = merge_kernel(h, lse is not None, tile)
         merge_fn[(rows_max, D_NOPE // tile.block_d, batch)](

@@ -636,143 +636,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
     return acc, m_i, l_i
 
 
-# ----------------------------------------------------------------------------------------------
-# The merge inside the split kernel (FUSED_MERGE): once every program of the grid has written its
-# partial result (a grid barrier), each one merges a share of the query rows, so the call is one
-# launch and the merge starts the moment the last partial is out, not after a kernel boundary
-# and the merge kernel's own two waves of programs. The grid must be resident at once: the
-# launcher sizes it to one program an SM and launches it cooperatively (CUDA refuses a
-# cooperative grid that cannot be resident, so it fails instead of hanging).
-# ----------------------------------------------------------------------------------------------
-@gluon.jit
-def _grid_barrier(SYNC, n_programs):
-    """Wait until n_programs programs have arrived. SYNC[0] counts this launch's arrivals and
-    SYNC[4] the launches the barrier has released; the last arrival resets the count and moves
-    the generation on, so the barrier needs no reset between launches (or graph replays), only
-    both words zero before its first use (alloc_workspace). Acquire/release at GPU scope: every
-    program's partial stores happen before any program's loads after it."""
-    cta_barrier()  # the program's partial stores, from all its warps, come before its arrival
-    gen = gl.atomic_add(SYNC + 4, 0, sem="relaxed")  # read before arriving: it cannot move yet
-    arrived = gl.atomic_add(SYNC, 1, sem="acq_rel")
-    if arrived == n_programs - 1:
-        gl.atomic_xchg(SYNC, 0, sem="relaxed")
-        gl.atomic_add(SYNC + 4, 1, sem="release")
-    else:
-        now = gen
-        while now == gen:
-            now = gl.atomic_add(SYNC + 4, 0, sem="acquire")
-    cta_barrier()
-
-
-@gluon.jit
-def _request_of_unit(u, rows_max, BATCH, MERGE_D: gl.constexpr):
-    return gl.minimum(u // (rows_max * (512 // MERGE_D)), BATCH - 1)
-
-
-@gluon.jit
-def _merge_request(PLAN, QO_INDPTR, NUM_SPLITS, BATCH, b, NUM_HEADS: gl.constexpr):
-    """(first row, query rows, first prefix slot, slot count) of request b. The plan's entries
-    are read at L2: with one request, a program of this launch wrote them."""
-    qo_start = gl.load(QO_INDPTR + b)
-    n_rows = (gl.load(QO_INDPTR + b + 1) - qo_start) * NUM_HEADS
-    s_first = gl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4, cache_modifier=".cg")
-    n_used = gl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1, cache_modifier=".cg")
-    return qo_start, n_rows, s_first, n_used
-
-
-@gluon.jit
-def _merge_unit_loads(PART_O, PART_LSE, rows_max, NUM_SPLITS, BATCH, u, n_units, b, qo_start, n_rows, s_first,
-                      n_used, offs_s, offs_c, NUM_HEADS: gl.constexpr, MERGE_D: gl.constexpr):
-    """Issue the loads of merge unit u of request b (a no-op unit past n_units): the request's
-    CHUNK prefix slots and its draft block's slot, all in one memory round trip. Returns the
-    loaded values and where the unit's output goes."""
-    N_D: gl.constexpr = 512 // MERGE_D
-    r = (u - b * rows_max * N_D) // N_D
-    d0 = (u - b * rows_max * N_D - r * N_D) * MERGE_D
-    live = (u < n_units) & (r < n_rows)
-    ok = (offs_s < n_used) & live
-    part = (s_first + offs_s).to(gl.int64) * rows_max + r
-    lse_s = gl.load(PART_LSE + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    o_s = gl.load(PART_O + part[:, None] * 512 + (d0 + offs_c)[None, :], mask=ok[:, None], other=0.0,
-                  cache_modifier=".cg")
-    draft = (NUM_SPLITS + BATCH + b).to(gl.int64) * rows_max + r
-    lse_d = gl.load(PART_LSE + draft, mask=live, other=float("-inf"), cache_modifier=".cg")
-    o_d = gl.load(PART_O + draft * 512 + d0 + offs_c, mask=(offs_c < MERGE_D) & live, other=0.0,
-                  cache_modifier=".cg")
-    return lse_s, o_s, lse_d, o_d, live, qo_start + r // NUM_HEADS, r % NUM_HEADS, d0
-
-
-@gluon.jit
-def _merge_unit_store(lse_s, o_s, lse_d, o_d, live, tok, head, d0, offs_c, OUT, LSE_OUT, stride_ot, stride_oh,
-                      stride_lt, stride_lh, WRITE_LSE: gl.constexpr):
-    """A loaded unit's merged output (and its LSE, once a row)."""
-    m = gl.maximum(gl.max(lse_s, 0), lse_d)
-    m_sub = gl.where(m == float("-inf"), 0.0, m)  # all empty: weights 0, no NaN
-    w = gl.exp2(lse_s - m_sub)
-    w_d = gl.exp2(lse_d - m_sub)
-    acc = gl.sum(w[:, None] * o_s, 0) + w_d * o_d
-    w_sum = gl.sum(w, 0) + w_d
-    has = w_sum > 0.0
-    o_row = OUT + tok.to(gl.int64) * stride_ot + head * stride_oh + d0
-    gl.store(o_row + offs_c, (acc / gl.where(has, w_sum, 1.0)).to(OUT.dtype.element_ty),
-             mask=(offs_c < 512) & live)
-    if WRITE_LSE:
-        lse = gl.where(has, (m_sub + gl.log2(gl.where(has, w_sum, 1.0))) * 0.6931471805599453,
-                       float("-inf"))  # log2 -> natural log
-        gl.store(LSE_OUT + tok.to(gl.int64) * stride_lt + head * stride_lh, lse, mask=live & (d0 == 0))
-
-
-@gluon.jit
-def _merge_share(PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE_OUT, stride_ot, stride_oh, stride_lt, stride_lh,
-                 rows_max, NUM_SPLITS, BATCH, first, step,
-                 NUM_HEADS: gl.constexpr, MERGE_D: gl.constexpr, CHUNK: gl.constexpr, WRITE_LSE: gl.constexpr):
-    """Merge units first, first + step, ... of the batch: unit = (request, query row, MERGE_D
-    output columns), the merge kernel's program (verify_attention._verify_merge_kernel), over the
-    request's CHUNK prefix slots (CHUNK >= its slot count) and its draft block's slot. The loads
-    of unit k + 1 are issued before unit k is summed, so two units' loads are in flight. Partials
-    are read at L2 (.cg): other SMs wrote them."""
-    gl.static_assert(MERGE_D == 128)  # the layout below: a warp covers one partial's 128 columns
-    L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
-    offs_s = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, L))
-    offs_c = gl.arange(0, MERGE_D, layout=gl.SliceLayout(0, L))
-    n_units = rows_max * (512 // MERGE_D) * BATCH
-    # a request's entries are loaded when the unit's request changes, not once a unit: they
-    # would put a memory round trip ahead of every unit's loads
-    b = _request_of_unit(first, rows_max, BATCH, MERGE_D)
-    qo_start, n_rows, s_first, n_used = _merge_request(PLAN, QO_INDPTR, NUM_SPLITS, BATCH, b, NUM_HEADS)
-    lse_s, o_s, lse_d, o_d, live, tok, head, d0 = _merge_unit_loads(
-        PART_O, PART_LSE, rows_max, NUM_SPLITS, BATCH, first, n_units, b, qo_start, n_rows, s_first, n_used,
-        offs_s, offs_c, NUM_HEADS, MERGE_D)
-    for u in range(first, n_units, step):
-        b_next = _request_of_unit(u + step, rows_max, BATCH, MERGE_D)
-        if b_next != b:
-            qo_start, n_rows, s_first, n_used = _merge_request(PLAN, QO_INDPTR, NUM_SPLITS, BATCH, b_next, NUM_HEADS)
-            b = b_next
-        lse_s2, o_s2, lse_d2, o_d2, live2, tok2, head2, d02 = _merge_unit_loads(
-            PART_O, PART_LSE, rows_max, NUM_SPLITS, BATCH, u + step, n_units, b, qo_start, n_rows, s_first, n_used,
-            offs_s, offs_c, NUM_HEADS, MERGE_D)
-        _merge_unit_store(lse_s, o_s, lse_d, o_d, live, tok, head, d0, offs_c, OUT, LSE_OUT, stride_ot, stride_oh,
-                          stride_lt, stride_lh, WRITE_LSE)
-        lse_s, o_s, lse_d, o_d, live, tok, head, d0 = lse_s2, o_s2, lse_d2, o_d2, live2, tok2, head2, d02
-
-
-@gluon.jit
-def _merge_after_barrier(PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE_OUT, stride_ot, stride_oh, stride_lt,
-                         stride_lh, rows_max, NUM_SPLITS, BATCH,
-                         NUM_HEADS: gl.constexpr, MERGE_D: gl.constexpr, CHUNK: gl.constexpr,
-                         WRITE_LSE: gl.constexpr):
-    """Every program of the grid ends here (those without work too): the barrier, then its share
-    of the merge. The barrier's words are PLAN[0, 3] and PLAN[1, 3]: no plan writes a row's
-    fourth column, for any batch that shares the workspace."""
-    n_programs = gl.num_programs(0) * gl.num_programs(1)
-    _grid_barrier(PLAN + 3, n_programs)
-    me = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
-    _merge_share(PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE_OUT, stride_ot, stride_oh, stride_lt, stride_lh,
-                 rows_max, NUM_SPLITS, BATCH, me, n_programs, NUM_HEADS, MERGE_D, CHUNK, WRITE_LSE)
-
-
-# (the LSE strides are 0 where no LSE is written: as the merge kernel's, not specialised)
-@gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS + ["stride_lt", "stride_lh"])
+@gluon.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
 def _verify_split_kernel_gluon_ws(
     Q, K_EXT, KV, KV_INDICES, KV_INDPTR, QO_INDPTR, TREE_MASK, PLAN,
     PART_O, PART_LSE,
@@ -780,7 +644,6 @@ def _verify_split_kernel_gluon_ws(
     stride_qt, stride_qh, stride_kext, stride_kv, stride_mask, stride_mask_req,
     rows_max, NUM_SPLITS, BATCH,
     k_scale, v_scale,
-    OUT, LSE_OUT, stride_ot, stride_oh, stride_lt, stride_lh,  # (FUSED_MERGE only)
     NUM_HEADS: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
@@ -789,11 +652,7 @@ def _verify_split_kernel_gluon_ws(
     S_COLS: gl.constexpr,
     Q_REGS: gl.constexpr,
     P_REGS: gl.constexpr,
-    S_AHEAD: gl.constexpr,
-    FUSED_MERGE: gl.constexpr,
-    MERGE_D: gl.constexpr,
-    MERGE_CHUNK: gl.constexpr,
-    WRITE_LSE: gl.constexpr,
+    S_AHEAD: gl.constexpr = True,
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert((S_COLS == 256) or (S_COLS == 128))  # output columns the S group keeps
@@ -807,9 +666,6 @@ def _verify_split_kernel_gluon_ws(
     pid_s = gl.program_id(1)
     b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
-        if FUSED_MERGE:  # (every program arrives at the barrier)
-            _merge_after_barrier(PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE_OUT, stride_ot, stride_oh, stride_lt,
-                                 stride_lh, rows_max, NUM_SPLITS, BATCH, NUM_HEADS, MERGE_D, MERGE_CHUNK, WRITE_LSE)
         return
     qo_start = gl.load(QO_INDPTR + b)
     # the request's mask rows: its own (stride_mask_req = stride_mask) or the draft block's
@@ -818,9 +674,6 @@ def _verify_split_kernel_gluon_ws(
     t_b = gl.load(QO_INDPTR + b + 1) - qo_start
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
-        if FUSED_MERGE:
-            _merge_after_barrier(PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE_OUT, stride_ot, stride_oh, stride_lt,
-                                 stride_lh, rows_max, NUM_SPLITS, BATCH, NUM_HEADS, MERGE_D, MERGE_CHUNK, WRITE_LSE)
         return
     kv_start = gl.load(KV_INDPTR + b)
     KV_FP8: gl.constexpr = KV.dtype.element_ty != K_EXT.dtype.element_ty  # bf16 draft latents beside an fp8 pool
@@ -881,6 +734,3 @@ def _verify_split_kernel_gluon_ws(
     # -- partial result (the V group wrote columns S_COLS..511) --
     l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0) / o_scale, gl.SliceLayout(1, acc.type.layout))
     _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M)
-    if FUSED_MERGE:
-        _merge_after_barrier(PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE_OUT, stride_ot, stride_oh, stride_lt,
-                             stride_lh, rows_max, NUM_SPLITS, BATCH, NUM_HEADS, MERGE_D, MERGE_CHUNK, WRITE_LSE)
