@@ -92,7 +92,7 @@ def time_ours(lens, t, h, variant=None, sets=None, merge_only=False, phases=Fals
     c0 = cases[0]
     scales = _scales(kv_dtype)
     _, ns, _ = va.plan(c0["q"], len(lens), t, None, cfg)
-    ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
+    ws = va.alloc_workspace(len(lens), h, t, ns, "cuda", config=cfg)
     outs = [torch.empty(c["q"].shape[0], h, DV, dtype=torch.bfloat16, device="cuda") for c in cases]
     it = [0]
 

@@ -60,7 +60,7 @@ def per_layer_us(lens, t, h, layers, cfg, form="launcher", page_size=1, kv_dtype
         if not chains:
             custom = sglang_custom_mask(cases[0])
     _, ns, _ = va.plan(cases[0]["q"], len(lens), t, None, cfg, kv_dtype=kv_dtype)
-    ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
+    ws = va.alloc_workspace(len(lens), h, t, ns, "cuda", config=cfg)
     outs = [torch.empty(c["q"].shape[0], h, 512, dtype=torch.bfloat16, device="cuda") for c in cases]
     plugin_call = MlaVerify()
     scales = {} if kv_dtype == torch.bfloat16 else dict(k_scale=0.5, v_scale=2.0)

@@ -21,6 +21,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_verify as bv  # noqa: E402  (puts the package and the tests folder on sys.path)
+import sweep_verify  # noqa: E402
 from cases import make_case, rel_err  # noqa: E402
 from fixed_costs import call  # noqa: E402
 
@@ -39,7 +40,7 @@ CANDIDATES = [(64, 128, 1, 4), (64, 64, 1, 4), (128, 32, 1, 4), (64, 128, 1, 8),
 def point(cfg, lens, t, h=8):
     c = make_case(lens, [t] * len(lens), h, mask="tree" if t > 16 else "chain", pool_extra=1024)
     _, ns, _ = va.plan(c["q"], len(lens), t, None, cfg)
-    ws = va.alloc_workspace(len(lens), h, t, ns, "cuda")
+    ws = va.alloc_workspace(len(lens), h, t, ns, "cuda", config=cfg)
     n = c["q"].shape[0]
     ref = torch.empty(n, h, 512, dtype=torch.bfloat16, device="cuda")
     ref_lse = torch.empty(n, h, dtype=torch.float32, device="cuda")
@@ -74,13 +75,14 @@ def _tag(cand):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default="sm90,sm120", help="keys of CONFIGS")
+    ap.add_argument("--configs", default="sm90,sm120", help="keys of CONFIGS or sweep_verify.py variants")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     for key in a.configs.split(","):
-        print(f"== {key}: {va.CONFIGS[key]}", flush=True)
+        cfg = va.CONFIGS[key] if key in va.CONFIGS else sweep_verify.VARIANTS[key]
+        print(f"== {key}: {cfg}", flush=True)
         for lens, t in POINTS:
-            point(va.CONFIGS[key], lens, t)
+            point(cfg, lens, t)
 
 
 if __name__ == "__main__":

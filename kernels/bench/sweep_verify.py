@@ -40,7 +40,7 @@ VARIANTS = {
     # the warp-specialised Gluon kernel: S group, V group, loader; num_stages is its number of K
     # buffers (at least three, so the loader gets a lead: S_{j+1} is issued while tile j is held).
     # This is its layout of sessions 4-12 (the S group keeps 256 columns, Q in shared memory),
-    # which fp8 pools ran until session 29; CONFIGS["sm90"] is gluon-ws-n64-now below
+    # which fp8 pools ran until session 29; CONFIGS["sm90"] is gluon-ws-n64-now-b16 below
     "gluon-ws": V(64, 32, 4, 4, 64, False, gluon=True, warp_specialized=True),
     # session 8: the same with three K buffers (the room a separate fp8 staging buffer takes)
     "gluon-ws-s3": V(64, 32, 4, 3, 64, False, gluon=True, warp_specialized=True),
@@ -66,6 +66,10 @@ VARIANTS = {
     "gluon-ws-n64q1-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_cols=128, q_regs=1,
                             s_ahead=False),
     "gluon-ws-n64-now": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False),
+    # session 31: the same with bf16 partial outputs, staged through shared memory for whole-row stores
+    # (CONFIGS["sm90"] since then)
+    "gluon-ws-n64-now-b16": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False,
+                              partials_bf16=True),
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

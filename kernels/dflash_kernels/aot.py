@@ -97,7 +97,9 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     plans = [("verify_plan", *_with_sig(va.plan_kernel(_config(arch), bs_pad), _PLAN_SIG)), *_draft_mask_specs(bs_pad)]
     # every tile the launcher may pick (merge_tile), with and without the LSE output (SGLang's
     # verify call asks for none)
-    merges = [(merge_name(tile, lse), *_with_sig(va.merge_kernel(heads, lse, tile), _MERGE_SIG))
+    cfg = _config(arch)
+    merge_sig = {**_MERGE_SIG, "PART_O": partial_type(cfg)}
+    merges = [(merge_name(tile, lse), *_with_sig(va.merge_kernel(heads, lse, tile, cfg.partials_bf16), merge_sig))
               for tile in va.MERGE_TILES for lse in (True, False)]
     splits = [("verify_split" + suffix + idx_suffix, *_split_spec(arch, heads, kv_type, idx_type))
               for suffix, kv_type in pool_types(arch).items() for idx_suffix, idx_type in INDEX_TYPES.items()]
@@ -120,13 +122,21 @@ def _draft_mask_specs(bs_pad: int):
 def _split_spec(arch: int, heads: int, kv_type: str, idx_type: str):
     """(fn, signature, constexprs, options) of the split kernel the launcher runs for a pool of
     kv_type and kv_indices of idx_type."""
-    fn, const, opts = va.split_kernel(_config(arch), heads, fp8_pool=kv_type != "*bf16")
-    return fn, split_signature(fn, kv_type, idx_type), const, opts
+    cfg = _config(arch)
+    fn, const, opts = va.split_kernel(cfg, heads, fp8_pool=kv_type != "*bf16")
+    return fn, split_signature(fn, kv_type, idx_type, partial_type(cfg)), const, opts
 
 
-def split_signature(fn, kv_type: str = "*bf16", idx_type: str = "*i32") -> dict:
-    """Runtime argument types of split kernel fn for a pool of kv_type and kv_indices of idx_type."""
-    return {**_SPLIT_SIG, "KV": kv_type, "KV_INDICES": idx_type, **(_SCALES_SIG if va.takes_scales(fn) else {})}
+def partial_type(cfg: va.VerifyConfig) -> str:
+    """The signature type of a config's partial outputs (va.partial_dtype)."""
+    return "*bf16" if cfg.partials_bf16 else "*fp32"
+
+
+def split_signature(fn, kv_type: str = "*bf16", idx_type: str = "*i32", part_type: str = "*fp32") -> dict:
+    """Runtime argument types of split kernel fn for a pool of kv_type, kv_indices of idx_type and
+    partial outputs of part_type."""
+    return {**_SPLIT_SIG, "KV": kv_type, "KV_INDICES": idx_type, "PART_O": part_type,
+            **(_SCALES_SIG if va.takes_scales(fn) else {})}
 
 
 def _with_sig(spec, signature):

@@ -320,6 +320,50 @@ def _verify_split_kernel(
     tl.store(PART_LSE + part, lse2, mask=row_ok)
 
 
+@triton.jit
+def _merge_chunk_rows(k, r, b, s_first, n_used, rows_max, NUM_SPLITS, BATCH):
+    """(row of partial k of query row r in the workspace, whether it exists): partial 0 is request
+    b's draft block, partial k > 0 its prefix slot s_first + k - 1."""
+    ok = k <= n_used
+    slot = tl.where(k == 0, NUM_SPLITS + BATCH + b, s_first + k - 1)
+    return slot.to(tl.int64) * rows_max + r, ok
+
+
+@triton.jit
+def _merge_weights(lse_s, m):
+    """(weights of a chunk's partials, rescale of the sums so far, new running maximum)."""
+    m_new = tl.maximum(m, tl.max(lse_s, 0))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights 0, no NaN
+    return tl.math.exp2(lse_s - m_sub), tl.math.exp2(m - m_sub), m_new
+
+
+@triton.jit
+def _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, NUM_SPLITS, BATCH,
+                      BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
+    """The merge's loop over bf16 partials ((sums of BLOCK_D columns, running maximum, weight sum)).
+    They are read as int32 words of two columns: loaded as bf16, Triton gave the tile another
+    layout than its fp32 sums and converted it through shared memory in every step (RESULTS.md,
+    session 31: the merge up to 1.6x slower). A bf16 value's bits are the top half of its fp32."""
+    offs_s = tl.arange(0, SPLIT_CHUNK)
+    offs_w = pid_d * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
+    words = PART_O.to(tl.pointer_type(tl.int32), bitcast=True)
+    m = tl.full([1], float("-inf"), tl.float32)
+    w_sum = tl.zeros([1], tl.float32)
+    acc_even = tl.zeros([BLOCK_D // 2], tl.float32)
+    acc_odd = tl.zeros([BLOCK_D // 2], tl.float32)
+    for s0 in range(0, n_used + 1, SPLIT_CHUNK):
+        part, ok = _merge_chunk_rows(s0 + offs_s, r, b, s_first, n_used, rows_max, NUM_SPLITS, BATCH)
+        lse_s = tl.load(PART_LSE + part, mask=ok, other=float("-inf"))
+        x = tl.load(words + part[:, None] * 256 + offs_w[None, :], mask=ok[:, None], other=0)
+        o_even = (x << 16).to(tl.float32, bitcast=True)  # column 2i: the word's low half
+        o_odd = (x & -65536).to(tl.float32, bitcast=True)  # column 2i + 1: its high half
+        w, rescale, m = _merge_weights(lse_s, m)
+        acc_even = acc_even * rescale + tl.sum(w[:, None] * o_even, 0)
+        acc_odd = acc_odd * rescale + tl.sum(w[:, None] * o_odd, 0)
+        w_sum = w_sum * rescale + tl.sum(w, 0)
+    return tl.interleave(acc_even, acc_odd), m, w_sum
+
+
 @triton.jit(do_not_specialize=["stride_lt", "stride_lh", "rows_max", "NUM_SPLITS", "BATCH"])
 def _verify_merge_kernel(
     PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE,
@@ -350,22 +394,21 @@ def _verify_merge_kernel(
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     m = tl.full([1], float("-inf"), tl.float32)  # running maximum of the partial lse (log2)
-    acc = tl.zeros([BLOCK_D], tl.float32)
     w_sum = tl.zeros([1], tl.float32)
-    for s0 in range(0, n_used + 1, SPLIT_CHUNK):
-        k = s0 + offs_s  # partial k: the draft block's slot for k = 0, prefix slot s_first + k - 1
-        ok = k <= n_used
-        slot = tl.where(k == 0, NUM_SPLITS + BATCH + b, s_first + k - 1)
-        part = slot.to(tl.int64) * rows_max + r
-        lse_s = tl.load(PART_LSE + part, mask=ok, other=float("-inf"))
-        o_s = tl.load(PART_O + part[:, None] * 512 + offs_d[None, :], mask=ok[:, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse_s, 0))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights 0, no NaN
-        rescale = tl.math.exp2(m - m_sub)
-        w = tl.math.exp2(lse_s - m_sub)
-        acc = acc * rescale + tl.sum(w[:, None] * o_s, 0)
-        w_sum = w_sum * rescale + tl.sum(w, 0)
-        m = m_new
+    if PART_O.dtype.element_ty == tl.bfloat16:
+        acc = _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, NUM_SPLITS, BATCH,
+                                BLOCK_D, SPLIT_CHUNK)
+    else:
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for s0 in range(0, n_used + 1, SPLIT_CHUNK):
+            part, ok = _merge_chunk_rows(s0 + offs_s, r, b, s_first, n_used, rows_max, NUM_SPLITS, BATCH)
+            lse_s = tl.load(PART_LSE + part, mask=ok, other=float("-inf"))
+            o_s = tl.load(PART_O + part[:, None] * 512 + offs_d[None, :], mask=ok[:, None], other=0.0)
+            w, rescale, m = _merge_weights(lse_s, m)
+            acc = acc * rescale + tl.sum(w[:, None] * o_s, 0)
+            w_sum = w_sum * rescale + tl.sum(w, 0)
+    if PART_O.dtype.element_ty == tl.bfloat16:  # (its sums come back with the output columns)
+        acc, m, w_sum = acc
 
     has = w_sum > 0.0
     out = acc / tl.where(has, w_sum, 1.0)
@@ -426,6 +469,10 @@ class VerifyConfig:
     # merge kernel: a MergeTile (or its fields as a tuple); None: chosen from the split count and
     # the batch (merge_tile)
     merge_tile: MergeTile | tuple | None = None
+    # with warp_specialized and s_cols 256: partial outputs in bf16 (half the bytes the split kernel
+    # stores and the merge reads), each MMA group staging its columns in shared memory so that a
+    # warp stores whole rows; the workspace follows (alloc_workspace(config=...))
+    partials_bf16: bool = False
 
     def __post_init__(self):
         if self.merge_tile is not None and not isinstance(self.merge_tile, MergeTile):
@@ -442,6 +489,9 @@ class VerifyConfig:
         if (self.rope_lines or self.sums_xor) and not self.teams:
             raise ValueError("VerifyConfig: rope_lines and sums_xor shape sm_120's two-team kernel; set mma2=True "
                              "and teams=True or leave them False")
+        if self.partials_bf16 and not (self.warp_specialized and self.s_cols == 256):
+            raise ValueError("VerifyConfig: partials_bf16 is the warp-specialised kernel's staged store of 256 "
+                             "columns a group; set warp_specialized=True and s_cols=256, or leave it False")
         if self.q_regs and self.s_cols != 128:
             raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
                              "registers left for Q (it spills)")
@@ -467,8 +517,11 @@ CONFIGS = {
     # pool's rows to bf16 (session 8), in the same tiles since session 29 (split_kernel).
     # The best config of the Triton kernel on sm_90, SM90_TRITON below, is 1.8x slower at 128k
     # (the fallback without Gluon).
+    # Since session 31 its partial outputs are bf16, each MMA group storing whole rows through
+    # shared memory, and the merge reads them as words of two columns: per layer 4-5 us less at
+    # 32k-200k, t = 16 (128k at 68-69% of the floor, 200k at 73%), 2.3 at 1k, 3.8 on 4 x 8k.
     "sm90": VerifyConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, min_chunk=64, gluon=True,
-                         warp_specialized=True, s_ahead=False),
+                         warp_specialized=True, s_ahead=False, partials_bf16=True),
     # sm_120 (100 KB of shared memory an SM, 99 KB a block, mma.sync only): the Gluon kernel over
     # S^T (verify_mma2.py), 32 rows x 32 latents over 8 warps with Q in registers, S^T's columns
     # split over the warps: 92 KB, 240 registers (232 for fp8 pools, which it widens in shared
@@ -589,10 +642,14 @@ def plan_kernel(cfg: VerifyConfig, bs_pad: int):
     return _verify_plan_kernel, const, dict(num_warps=4, num_stages=1)
 
 
-def merge_kernel(heads: int, write_lse: bool, tile: MergeTile):
-    """(kernel, constexprs, launch options) of the merge kernel for one tile."""
+def merge_kernel(heads: int, write_lse: bool, tile: MergeTile, partials_bf16: bool = False):
+    """(kernel, constexprs, launch options) of the merge kernel for one tile. bf16 partials are
+    half the words a column: over half the warps a thread holds the same words as over fp32 ones,
+    so the row tiles keep a chunk's partials in each thread and sum them there (over 4 warps
+    Triton spread them over 2 warps and summed through shared memory, with 8 barriers a step)."""
     const = dict(NUM_HEADS=heads, BLOCK_D=tile.block_d, SPLIT_CHUNK=tile.chunk, WRITE_LSE=write_lse)
-    return _verify_merge_kernel, const, dict(num_warps=MERGE_NUM_WARPS, num_stages=tile.stages)
+    warps = MERGE_NUM_WARPS // 2 if partials_bf16 else MERGE_NUM_WARPS
+    return _verify_merge_kernel, const, dict(num_warps=warps, num_stages=tile.stages)
 
 
 def is_plain_pool(kv_dtype, k_scale: float = 1.0, v_scale: float = 1.0) -> bool:
@@ -689,10 +746,18 @@ def workspace_shape(batch: int, num_heads: int, max_q_len: int, num_splits: int)
     return (slots, rows, D_NOPE), (slots, rows), (slots, 4)
 
 
-def alloc_workspace(batch, num_heads, max_q_len, num_splits, device):
-    """(partial_o float32, partial_lse float32, plan int32) for ``verify_attention``."""
+def partial_dtype(cfg: VerifyConfig):
+    """The dtype of a config's partial outputs (float32, or bfloat16 with partials_bf16)."""
+    return torch.bfloat16 if cfg.partials_bf16 else torch.float32
+
+
+def alloc_workspace(batch, num_heads, max_q_len, num_splits, device, config: VerifyConfig | None = None):
+    """(partial_o, partial_lse float32, plan int32) for ``verify_attention``; partial_o is float32,
+    or what `config` (default: the device's) stores (partial_dtype)."""
     so, sl, sp = workspace_shape(batch, num_heads, max_q_len, num_splits)
-    return (torch.empty(so, dtype=torch.float32, device=device),
+    if config is None:
+        config = config_for_arch(*_device_info(torch.device(device))[:2])
+    return (torch.empty(so, dtype=partial_dtype(config), device=device),
             torch.empty(sl, dtype=torch.float32, device=device),
             torch.empty(sp, dtype=torch.int32, device=device))
 
@@ -824,13 +889,14 @@ def verify_attention(
         raise ValueError(f"lse: expected float32 ({n_tok}, {h}), got {lse.dtype} {tuple(lse.shape)}")
     so, sl, sp = workspace_shape(batch, h, mq, ns)
     if workspace is None:
-        workspace = alloc_workspace(batch, h, mq, ns, q.device)
+        workspace = alloc_workspace(batch, h, mq, ns, q.device, config=cfg)
     part_o, part_lse, plan_buf = workspace
     if part_o.shape != so or part_lse.shape != sl or plan_buf.shape != sp \
-            or part_o.dtype != torch.float32 or part_lse.dtype != torch.float32 \
+            or part_o.dtype != partial_dtype(cfg) or part_lse.dtype != torch.float32 \
             or plan_buf.dtype != torch.int32 or not all(x.is_contiguous() for x in workspace):
-        raise ValueError(f"workspace: expected contiguous float32 {so}, float32 {sl}, int32 {sp} "
-                         f"(alloc_workspace), got {[tuple(x.shape) for x in workspace]}")
+        raise ValueError(f"workspace: expected contiguous {str(partial_dtype(cfg)).removeprefix('torch.')} {so}, "
+                         f"float32 {sl}, int32 {sp} "
+                         f"(alloc_workspace(..., config=)), got {[(tuple(x.shape), x.dtype) for x in workspace]}")
     if n_tok == 0:
         return out
 
@@ -853,7 +919,7 @@ def verify_attention(
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
     if "merge" in _phases:
         tile = merge_tile(cfg, ns, batch)
-        merge_fn, merge_const, merge_opts = merge_kernel(h, lse is not None, tile)
+        merge_fn, merge_const, merge_opts = merge_kernel(h, lse is not None, tile, cfg.partials_bf16)
         merge_fn[(rows_max, D_NOPE // tile.block_d, batch)](
             part_o, part_lse, plan_buf, qo_indptr, out, lse_arg,
             out.stride(0), out.stride(1),

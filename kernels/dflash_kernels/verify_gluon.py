@@ -295,6 +295,29 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
     gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=offs_m < n_rows)
 
 
+# bf16 partial outputs (a workspace whose partial_o is bf16: VerifyConfig.partials_bf16). Straight
+# from the wgmma layout a thread's two adjacent columns are a 4-byte store, half a sector a row
+# (RESULTS.md, session 22: the split kernel 3 us slower at 128k). So each MMA group stages its 256
+# columns in a K buffer only it reads after its last tile (the S group the first nope halves, the
+# V group the second), and each warp then stores whole rows of 512 bytes.
+WS_PARTIAL_ROWS: gl.constexpr = gl.BlockedLayout([16, 8], [1, 32], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _store_partial_staged(o, stage, PART_O, part_row0, n_rows_here, COL0: gl.constexpr):
+    """Output columns COL0 .. COL0 + 255 of a program's partial result `o` (already divided by its
+    row sums) as bf16, through `stage` (a free [BLOCK_M, 256] K buffer of this group's)."""
+    gl.static_assert(o.type.shape[1] == 256)
+    BLOCK_M: gl.constexpr = o.type.shape[0]
+    stage.store(o.to(gl.bfloat16))
+    cta_barrier()  # (this partition's warps: every row is read back by other threads than wrote it)
+    x = stage.load(WS_PARTIAL_ROWS)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, WS_PARTIAL_ROWS))
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_PARTIAL_ROWS))
+    gl.store(PART_O + (part_row0 + rows).to(gl.int64)[:, None] * 512 + COL0 + cols[None, :], x,
+             mask=(rows < n_rows_here)[:, None])
+
+
 # ----------------------------------------------------------------------------------------------
 # Warp-specialised version (after FlashMLA's schedule): three partitions of one warpgroup each.
 #   * default (the "S" group): S = Q.K^T of a whole 64 x BLOCK_N tile, the softmax (row-local:
@@ -540,7 +563,12 @@ def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
     # the S group's final row sums come through the scale buffer, after one more p_ready
     mbarrier.wait(p_ready, n_tiles & 1)
     l_i = scale_smem.load(ROW_O)
-    _store_partial_hi(acc, gl.where(l_i > 0.0, l_i, 1.0) / o_scale, PART_O, part_row0, n_rows_here, BLOCK_M, 256)
+    l_div = gl.where(l_i > 0.0, l_i, 1.0) / o_scale
+    if (PART_O.dtype.element_ty == gl.bfloat16) and (MID == 0):
+        # (the S group's last S has read every K buffer's second half before P_{n-1} came)
+        _store_partial_staged(acc / l_div[:, None], kn_hi.index(0), PART_O, part_row0, n_rows_here, 256)
+    else:
+        _store_partial_hi(acc, l_div, PART_O, part_row0, n_rows_here, BLOCK_M, 256)
     if MID > 0:
         l_m = scale_smem.load(ROW_M)
         _store_partial_hi(acc_m, gl.where(l_m > 0.0, l_m, 1.0) / o_scale, PART_O, part_row0, n_rows_here, BLOCK_M,
@@ -550,6 +578,7 @@ def _ws_v_group(kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
 @gluon.jit
 def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                 mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk_scale,
+                PART_O, PART_LSE, pid_s, rows_max, o_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr, P_REGS: gl.constexpr,
                 S_AHEAD: gl.constexpr):
@@ -633,6 +662,14 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
     mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
     scale_smem.store(l_i)
     mbarrier.arrive(p_ready, count=1)
+    if (PART_O.dtype.element_ty == gl.bfloat16) and (S_COLS == 256):
+        # bf16 partials: columns 0..255 through a first nope half (the V group never reads those)
+        l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0) / o_scale, ROW_O)
+        _store_partial_staged(acc / l_div[:, None], kn_lo.index(0), PART_O,
+                              pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M, 0)
+        has = l_i > 0.0
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=row_ok)
     return acc, m_i, l_i
 
 
@@ -722,6 +759,7 @@ def _verify_split_kernel_gluon_ws(
     acc, m_i, l_i = gl.warp_specialize([
         (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
                        p_free, mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
+                       PART_O, PART_LSE, pid_s, rows_max, o_scale,
                        NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS, S_AHEAD)),
         (_ws_v_group, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
@@ -731,6 +769,8 @@ def _verify_split_kernel_gluon_ws(
                           is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
     ], [4, WS_LOADER_WARPS], [v_regs, loader_regs])
 
-    # -- partial result (the V group wrote columns S_COLS..511) --
-    l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0) / o_scale, gl.SliceLayout(1, acc.type.layout))
-    _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M)
+    # -- partial result (the V group wrote columns S_COLS..511; bf16 partials of 256 columns the S
+    # group stored itself) --
+    if (PART_O.dtype.element_ty != gl.bfloat16) or (S_COLS != 256):
+        l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0) / o_scale, gl.SliceLayout(1, acc.type.layout))
+        _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M)

@@ -55,6 +55,11 @@ if "split_block_n" in spec:
         return fn, {**const, "BLOCK_N": spec["split_block_n"]}, opts
 
     va.split_kernel = split_kernel_other_tiles
+if spec.get("partials_bf16"):
+    # bf16 partial outputs, sm_90's workspace since session 31 (its split kernel is Gluon, which the
+    # interpreter does not run): the Triton split kernel stores into whatever the workspace holds,
+    # and the merge reads them as words of two columns
+    va.partial_dtype = lambda cfg: torch.bfloat16
 case = make_case(spec["lens"], spec["ts"], spec["heads"], mask=spec.get("mask", "tree"), device="cpu",
                  page_size=spec.get("page_size", 1), pool_extra=64,
                  kv_dtype=getattr(torch, spec.get("kv_dtype", "bfloat16")))

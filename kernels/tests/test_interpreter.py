@@ -52,9 +52,15 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
     # blocks, whose rows hold bits past a request's own length)
     dict(lens=[90, 0, 33], ts=[5, 35, 1], heads=2, num_splits=4, mask="chain", block_mask=True,
          config=dict(block_m=32, block_n=32, num_warps=4, num_stages=1, min_chunk=32)),
+    # bf16 partial outputs (sm_90's): the merge's word pairs over a row tile with several chunks
+    # (the running maximum), the one-round-trip tile, and a single request's own slices
+    dict(lens=[0, 300, 7, 95], ts=[2, 3, 1, 4], heads=8, num_splits=5, partials_bf16=True,
+         config=dict(SMALL, merge_tile=(512, 2, 1))),
+    dict(lens=[40, 33], ts=[3, 3], heads=2, num_splits=64, partials_bf16=True, config=dict(SMALL, merge_tile=(64, 128))),
+    dict(lens=[300], ts=[4], heads=2, num_splits=7, partials_bf16=True, config=SMALL),
 ], ids=["mixed-batch", "chain", "one-request-slices", "one-request-empty", "many-splits-paged", "tree-40",
         "half-tiles-plan-slices", "half-tiles-own-slices", "fp8-e4m3-scaled", "fp8-e5m2-paged", "bf16-scaled",
-        "chains-one-block"])
+        "chains-one-block", "bf16-partials-rows", "bf16-partials-one-trip", "bf16-partials-one-request"])
 def test_kernels_match_reference(spec):
     r = _run(spec)
     assert not r["nan"], "unwritten or NaN output"

@@ -97,11 +97,14 @@ def test_validation_errors(args):
     with pytest.raises(ValueError, match="workspace"):
         va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, max_q_len=4, num_splits=4,
                             workspace=va.alloc_workspace(2, 8, 4, 5, "cpu"))
-    # partial outputs are float32: the kernels are built for them (bf16 ones measured slower, RESULTS.md)
+    # partial outputs are what the config stores: float32 here (the interpreter's config), bf16
+    # with partials_bf16 (sm_90's), and the kernels are built for that one dtype
     part_o, part_lse, plan_buf = va.alloc_workspace(2, 8, 4, 4, "cpu")
+    assert part_o.dtype == torch.float32
     with pytest.raises(ValueError, match="workspace: expected contiguous float32"):
         va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, max_q_len=4, num_splits=4,
                             workspace=(part_o.bfloat16(), part_lse, plan_buf))
+    assert va.alloc_workspace(2, 8, 4, 4, "cpu", config=va.CONFIGS["sm90"])[0].dtype == torch.bfloat16
 
 
 def test_cuda_required_outside_interpreter():

@@ -219,7 +219,7 @@ def test_cuda_graph_replay(config, bs):
     own config, and sm_120's (its two-team kernel with mbarriers; mma.sync runs here too)."""
     h, t, max_L = 8, 16, 120_000
     static = make_case([max_L] * bs, [t] * bs, h, mask="tree", pool_extra=8192)
-    ws = va.alloc_workspace(bs, h, t, 40, "cuda")
+    ws = va.alloc_workspace(bs, h, t, 40, "cuda", config=config and va.CONFIGS[config])
     idx_buf = torch.zeros(bs * max_L, dtype=torch.int32, device="cuda")
     out = torch.empty(bs * t, h, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(bs * t, h, dtype=torch.float32, device="cuda")
@@ -297,6 +297,8 @@ CANDIDATES = [
     va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=3, s_ahead=False),
     va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_cols=128, q_regs=1, s_ahead=False),
     va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_ahead=False),
+    # its partial outputs in bf16, each MMA group staging its columns in shared memory (session 31)
+    va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_ahead=False, partials_bf16=True),
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
