@@ -11,6 +11,7 @@ Writes $OUT/sweep_verify.json when OUT is set; prints a table last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -77,6 +78,8 @@ VARIANTS = {
     # sm_120 holds 100 KB of shared memory an SM, so these run one program an SM there:
     # sm120-w2 (two programs an SM) is only possible on the H200.
     "sm120": va.CONFIGS["sm120"],
+    # until session 31: its partial outputs in float32 (since then bf16, as sm_90's)
+    "sm120-f32": dataclasses.replace(va.CONFIGS["sm120"], partials_bf16=False),
     "sm120-w2": V(32, 16, 4, 2, waves=2.0),
     "sm120-m32n16w8": V(32, 16, 8, 2),
     "sm120-m32n32w8": V(32, 32, 8, 2),
