@@ -393,12 +393,12 @@ def _verify_merge_kernel(
 
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = tl.full([1], float("-inf"), tl.float32)  # running maximum of the partial lse (log2)
-    w_sum = tl.zeros([1], tl.float32)
     if PART_O.dtype.element_ty == tl.bfloat16:
-        acc = _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, NUM_SPLITS, BATCH,
-                                BLOCK_D, SPLIT_CHUNK)
+        acc, m, w_sum = _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, NUM_SPLITS,
+                                          BATCH, BLOCK_D, SPLIT_CHUNK)
     else:
+        m = tl.full([1], float("-inf"), tl.float32)  # running maximum of the partial lse (log2)
+        w_sum = tl.zeros([1], tl.float32)
         acc = tl.zeros([BLOCK_D], tl.float32)
         for s0 in range(0, n_used + 1, SPLIT_CHUNK):
             part, ok = _merge_chunk_rows(s0 + offs_s, r, b, s_first, n_used, rows_max, NUM_SPLITS, BATCH)
@@ -407,8 +407,6 @@ def _verify_merge_kernel(
             w, rescale, m = _merge_weights(lse_s, m)
             acc = acc * rescale + tl.sum(w[:, None] * o_s, 0)
             w_sum = w_sum * rescale + tl.sum(w, 0)
-    if PART_O.dtype.element_ty == tl.bfloat16:  # (its sums come back with the output columns)
-        acc, m, w_sum = acc
 
     has = w_sum > 0.0
     out = acc / tl.where(has, w_sum, 1.0)

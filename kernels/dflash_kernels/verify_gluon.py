@@ -283,15 +283,20 @@ def _store_partial_lo(acc, l_div, m_i, l_i, PART_O, PART_LSE, pid_s, pid_m, rows
     O_L: gl.constexpr = acc.type.layout
     WIDTH: gl.constexpr = acc.type.shape[1]
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
-    ROW_S: gl.constexpr = m_i.type.layout
-    has = l_i > 0.0
-    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
     o = acc / l_div[:, None]
     offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
     part_o = pid_s.to(gl.int64) * rows_max + offs_mo
     gl.store(PART_O + part_o[:, None] * 512 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, O_L))[None, :], o,
              mask=(offs_mo < n_rows)[:, None])
-    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    _store_partial_lse(m_i, l_i, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M)
+
+
+@gluon.jit
+def _store_partial_lse(m_i, l_i, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M: gl.constexpr):
+    """A program's log2-sum-exp2 per row (-inf for a row that saw no key), in m_i's layout."""
+    has = l_i > 0.0
+    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=m_i.type.layout)
     gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=offs_m < n_rows)
 
 
@@ -667,9 +672,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         l_div = gl.convert_layout(gl.where(l_i > 0.0, l_i, 1.0) / o_scale, ROW_O)
         _store_partial_staged(acc / l_div[:, None], kn_lo.index(0), PART_O,
                               pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M, 0)
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        gl.store(PART_LSE + pid_s.to(gl.int64) * rows_max + offs_m, lse2, mask=row_ok)
+        _store_partial_lse(m_i, l_i, PART_LSE, pid_s, pid_m, rows_max, n_rows, BLOCK_M)
     return acc, m_i, l_i
 
 
