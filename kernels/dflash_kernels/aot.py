@@ -100,7 +100,7 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     cfg = _config(arch)
     merge_sig = {**_MERGE_SIG, "PART_O": partial_type(cfg)}
     merges = [(merge_name(tile, lse), *_with_sig(va.merge_kernel(heads, lse, tile, cfg.partials_bf16), merge_sig))
-              for tile in va.MERGE_TILES for lse in (True, False)]
+              for tile in va.merge_tiles(cfg) for lse in (True, False)]
     splits = [("verify_split" + suffix + idx_suffix, *_split_spec(arch, heads, kv_type, idx_type))
               for suffix, kv_type in pool_types(arch).items() for idx_suffix, idx_type in INDEX_TYPES.items()]
     return [*plans, *splits, *merges]

@@ -550,7 +550,22 @@ MERGE_NUM_WARPS = 4
 # 14.0 and 15.8 to 10.7, bs = 1 t = 64 from 14.2 to 12.5; at bs = 1, t = 16 (34 and 67 partials)
 # it is 1.1-1.9 us slower than the one-round-trip tiles, which stay there (sessions 5 and 11).
 MERGE_TILE_BY_PARTIALS = ((32, MergeTile(512, 8, 4)), (64, MergeTile(64, 64)), (None, MergeTile(64, 128)))
-MERGE_TILES = tuple(tile for _, tile in MERGE_TILE_BY_PARTIALS)  # the ahead-of-time build compiles all
+# With bf16 partials (over half the warps, merge_kernel) 128 columns x 64 partials in two stages
+# take the place of 64 x 64 (34-35 partials: bs = 1 with sm_120's 32-row blocks, bs = 2 with
+# sm_90's). Measured on the H200 (RESULTS.md, session 32): merge alone in graph replay 0-1.4 us
+# less; per layer in a graph of eight, bs = 2 x 128k with sm_90's config 143.5 -> 141.9 us, sm_120's
+# code at 32k 51.4 -> 51.1, at 128k the same. 128 x 32 in one round trip was 0.1-1.1 us faster
+# than a program per row alone at 12-24 partials but 0.4-1.0 us slower per layer, so the row tile
+# keeps them.
+MERGE_TILE_BY_PARTIALS_BF16 = ((32, MergeTile(512, 8, 4)), (64, MergeTile(128, 64, 2)), (None, MergeTile(64, 128)))
+
+def _merge_table(cfg: VerifyConfig):
+    return MERGE_TILE_BY_PARTIALS_BF16 if cfg.partials_bf16 else MERGE_TILE_BY_PARTIALS
+
+
+def merge_tiles(cfg: VerifyConfig) -> tuple:
+    """Every tile merge_tile may pick for a config (the ahead-of-time build compiles them all)."""
+    return (cfg.merge_tile,) if cfg.merge_tile is not None else tuple(tile for _, tile in _merge_table(cfg))
 
 
 def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> MergeTile:
@@ -558,7 +573,7 @@ def merge_tile(cfg: VerifyConfig, num_splits: int, batch: int) -> MergeTile:
     if cfg.merge_tile is not None:
         return cfg.merge_tile
     mean_partials = (num_splits + batch - 1) / batch + 1
-    return next(tile for most, tile in MERGE_TILE_BY_PARTIALS if most is None or mean_partials <= most)
+    return next(tile for most, tile in _merge_table(cfg) if most is None or mean_partials <= most)
 
 
 PLAN_SLOT_BLOCK = 64  # slots the plan kernel fills per step

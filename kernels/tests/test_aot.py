@@ -10,7 +10,6 @@ import pytest
 import triton
 from dflash_kernels import aot
 from dflash_kernels import verify_teams as teams
-from dflash_kernels.verify_attention import MERGE_TILES
 from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -21,8 +20,10 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SM120_SMEM_LIMIT = 101376  # 99 KB per block on sm_120 (RTX PRO 6000 / RTX 50xx)
 SM90_SMEM_LIMIT = 227 * 1024  # per block on the H100 / H200
 SMEM_LIMITS = {120: SM120_SMEM_LIMIT, 90: SM90_SMEM_LIMIT}
-# the launcher picks a merge tile from the split count and the batch: all are built
-MERGE_NAMES = {aot.merge_name(tile, lse) for lse in (True, False) for tile in MERGE_TILES}
+# the launcher picks a merge tile from the split count and the batch (from the table of its
+# config's partial type): all are built
+MERGE_NAMES = {arch: {aot.merge_name(tile, lse) for lse in (True, False) for tile in va.merge_tiles(aot._config(arch))}
+               for arch in (120, 90)}
 # the split kernel for each pool dtype (bf16, fp8 e4m3, fp8 e5m2) and kv_indices dtype (int32, int64)
 SPLIT_NAMES = {"verify_split" + suffix + idx for suffix in aot.KV_POOL_TYPES for idx in aot.INDEX_TYPES}
 # the plugin's tree-mask kernel (1 and 2 words), per batch bucket; DFlash's chains need none
@@ -62,9 +63,10 @@ def test_manifest(built):
     assert manifest["archs"] == [120, 90]
     names = {(k["arch"], k["name"]) for k in manifest["kernels"]}
     for arch in (120, 90):
-        for name in {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES:
+        for name in {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES[arch]:
             assert (arch, name) in names
-    assert len(names) == len(manifest["kernels"]) == 2 * (1 + len(MASK_NAMES) + len(SPLIT_NAMES) + len(MERGE_NAMES))
+    assert len(names) == len(manifest["kernels"]) == sum(1 + len(MASK_NAMES) + len(SPLIT_NAMES) + len(MERGE_NAMES[arch])
+                                                         for arch in (120, 90))
     # every pool's split kernel and the plan kernel, which rounds slices to its tile, share a config
     # (fp8 pools among them: on sm_90 they run the bf16 pools' 64-latent tiles since session 29)
     tiles = {(k["arch"], k["name"]): k["constexprs"]["BLOCK_N"] for k in manifest["kernels"]
@@ -82,7 +84,7 @@ def test_sm120_cubin_is_sm120_mma_sync_only(built):
     out, manifest = built
     cubins = sorted(glob.glob(os.path.join(out, "sm_120", "*.cubin")))
     # plan, draft masks, split for three pool and two index dtypes, merge with and without LSE a tile
-    assert len(cubins) == 1 + len(MASK_NAMES) + len(SPLIT_NAMES) + len(MERGE_NAMES)
+    assert len(cubins) == 1 + len(MASK_NAMES) + len(SPLIT_NAMES) + len(MERGE_NAMES[120])
     for c in cubins:
         sass = _sass(c)
         assert re.search(r"code for sm_120a?\b", sass), f"{c}: not sm_120 code"
@@ -133,7 +135,7 @@ def test_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     with open(tmp_path / "manifest.json") as f:
         m = json.load(f)
-    assert {k["name"] for k in m["kernels"]} == {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES
+    assert {k["name"] for k in m["kernels"]} == {"verify_plan"} | MASK_NAMES | SPLIT_NAMES | MERGE_NAMES[120]
 
 
 def _run_module(module, *args, **env):

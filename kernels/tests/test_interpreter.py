@@ -58,9 +58,13 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
          config=dict(SMALL, merge_tile=(512, 2, 1))),
     dict(lens=[40, 33], ts=[3, 3], heads=2, num_splits=64, partials_bf16=True, config=dict(SMALL, merge_tile=(64, 128))),
     dict(lens=[300], ts=[4], heads=2, num_splits=7, partials_bf16=True, config=SMALL),
+    # and a tile of 128 columns looping over chunks of 4 in two stages (bf16's table: 128 x 64 in
+    # two stages)
+    dict(lens=[300, 90], ts=[4, 2], heads=2, num_splits=9, partials_bf16=True, config=dict(SMALL, merge_tile=(128, 4, 2))),
 ], ids=["mixed-batch", "chain", "one-request-slices", "one-request-empty", "many-splits-paged", "tree-40",
         "half-tiles-plan-slices", "half-tiles-own-slices", "fp8-e4m3-scaled", "fp8-e5m2-paged", "bf16-scaled",
-        "chains-one-block", "bf16-partials-rows", "bf16-partials-one-trip", "bf16-partials-one-request"])
+        "chains-one-block", "bf16-partials-rows", "bf16-partials-one-trip", "bf16-partials-one-request",
+        "bf16-partials-column-chunks"])
 def test_kernels_match_reference(spec):
     r = _run(spec)
     assert not r["nan"], "unwritten or NaN output"

@@ -203,10 +203,11 @@ def test_sm90_layout_fields_are_checked(fields, message):
 
 
 def test_merge_tile_follows_the_mean_partials():
-    """Up to 32 partials a request (slices plus the draft block) a program per row pipelines 8 at a
-    time; more are fetched in one memory round trip by the tile whose chunk holds them; more than
-    any chunk holds loops. A config's own tile wins, and a plain tuple becomes a MergeTile."""
-    cfg = va.CONFIGS["sm90"]
+    """Float32 partials: up to 32 a request (slices plus the draft block) a program per row
+    pipelines 8 at a time; more are fetched in one memory round trip by the tile whose chunk holds
+    them; more than any chunk holds loops. A config's own tile wins, and a plain tuple becomes a
+    MergeTile."""
+    cfg = dataclasses.replace(va.CONFIGS["sm90"], partials_bf16=False)
     rows = va.MergeTile(512, 8, 4)
     assert va.merge_tile(cfg, 66, 1) == va.MergeTile(64, 128, 1)  # 67: sm_90 at t = 16 on 132 SMs
     assert va.merge_tile(cfg, 33, 1) == va.MergeTile(64, 64, 1)  # 34: sm_120's 32-row blocks there
@@ -217,3 +218,21 @@ def test_merge_tile_follows_the_mean_partials():
     own = dataclasses.replace(cfg, merge_tile=(128, 8))
     assert va.merge_tile(own, 66, 1) == va.MergeTile(128, 8, 1) and own.merge_tile.stages == 1
     assert va.merge_kernel(8, False, rows)[2]["num_stages"] == 4
+
+
+def test_bf16_partials_take_their_own_merge_tiles():
+    """With bf16 partials the merge runs over half the warps, and from 33 to 64 partials 128 x 64 in
+    two stages replaces 64 x 64 (RESULTS.md, session 32); the float32 table stays for float32
+    partials, and the ahead-of-time build's list follows each config's table."""
+    f32, b16 = (dataclasses.replace(va.CONFIGS["sm90"], partials_bf16=flag) for flag in (False, True))
+    rows = va.MergeTile(512, 8, 4)
+    assert va.merge_tile(b16, 66, 8) == va.merge_tile(b16, 16, 1) == va.merge_tile(b16, 66, 3) == rows  # 10, 17, 24
+    assert va.merge_tile(b16, 66, 2) == va.MergeTile(128, 64, 2)  # 34.5: bs = 2
+    assert va.merge_tile(f32, 66, 2) == va.MergeTile(64, 64, 1)
+    assert va.merge_tile(b16, 33, 1) == va.MergeTile(128, 64, 2)  # 34: sm_120's 32-row blocks
+    assert va.merge_tile(b16, 31, 1) == rows and va.merge_tile(b16, 32, 1) == va.MergeTile(128, 64, 2)  # 32 | 33
+    assert va.merge_tile(b16, 66, 1) == va.MergeTile(64, 128, 1) == va.merge_tile(f32, 66, 1)  # 67
+    assert va.merge_tiles(b16) == (rows, va.MergeTile(128, 64, 2), va.MergeTile(64, 128))
+    assert va.merge_tiles(dataclasses.replace(b16, merge_tile=(64, 8))) == (va.MergeTile(64, 8),)
+    assert va.merge_kernel(8, False, va.MergeTile(128, 64, 2), partials_bf16=True)[2] == dict(
+        num_warps=va.MERGE_NUM_WARPS // 2, num_stages=2)
