@@ -29,12 +29,13 @@ POINTS = {"sm90": "131072+131072:16,131072+131072+131072:16,32768+32768+32768+32
 def main():
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, flush=True)
     torch.manual_seed(0)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     shipped = va.MERGE_TILE_BY_PARTIALS_BF16
     for key, points in POINTS.items():
         cfg = va.CONFIGS[key]
         for lens, t in sweep_verify.parse_points(points):
-            ns = va.default_num_splits(sms, len(lens), triton.cdiv(t * 8, cfg.block_m))
+            # the launcher's split count for this batch (a query of the shape is all plan reads)
+            q = torch.empty(len(lens) * t, 8, va.D_LATENT, dtype=torch.bfloat16, device="cuda")
+            _, ns, _ = va.plan(q, len(lens), t, None, cfg)
             tiles, times = {}, {name: [] for name in TABLES}
             for _ in range(2):
                 for name, table in TABLES.items():

@@ -559,6 +559,7 @@ MERGE_TILE_BY_PARTIALS = ((32, MergeTile(512, 8, 4)), (64, MergeTile(64, 64)), (
 # keeps them.
 MERGE_TILE_BY_PARTIALS_BF16 = ((32, MergeTile(512, 8, 4)), (64, MergeTile(128, 64, 2)), (None, MergeTile(64, 128)))
 
+
 def _merge_table(cfg: VerifyConfig):
     return MERGE_TILE_BY_PARTIALS_BF16 if cfg.partials_bf16 else MERGE_TILE_BY_PARTIALS
 
