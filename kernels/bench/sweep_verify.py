@@ -71,6 +71,11 @@ VARIANTS = {
     # (CONFIGS["sm90"] since then)
     "gluon-ws-n64-now-b16": V(64, 64, 4, 2, 64, False, gluon=True, warp_specialized=True, s_ahead=False,
                               partials_bf16=True),
+    # session 33: sm_90's config with programmatic dependent launch (VerifyConfig.pdl): the merge
+    # launched as the split kernel's dependent (1), the split letting it launch once all its
+    # programs run (2), the split launched as its predecessor's dependent too (3)
+    **{f"sm90-pdl{level}": dataclasses.replace(va.CONFIGS["sm90"], pdl=level) for level in (1, 2, 3)},
+    **{f"sm120-pdl{level}": dataclasses.replace(va.CONFIGS["sm120"], pdl=level) for level in (1, 3)},
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the

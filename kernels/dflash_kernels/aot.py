@@ -63,7 +63,7 @@ def pool_types(arch: int) -> dict[str, str]:
     fp8 = va.fp8_capable(arch // 10, arch % 10)
     return {k: v for k, v in KV_POOL_TYPES.items() if v == "*bf16" or fp8}
 _MERGE_SIG = {
-    "PART_O": "*fp32", "PART_LSE": "*fp32", "PLAN": "*i32", "QO_INDPTR": "*i32",
+    "PART_O": "*fp32", "PART_LSE": "*fp32", "PLAN": "*i32", "KV_INDPTR": "*i32", "QO_INDPTR": "*i32",
     "OUT": "*bf16", "LSE": "*fp32",
     "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32", "stride_lh": "i32", "rows_max": "i32", "NUM_SPLITS": "i32", "BATCH": "i32",
 }
@@ -99,7 +99,7 @@ def kernel_specs(arch: int, heads: int, bs_pad: int = 8):
     # verify call asks for none)
     cfg = _config(arch)
     merge_sig = {**_MERGE_SIG, "PART_O": partial_type(cfg)}
-    merges = [(merge_name(tile, lse), *_with_sig(va.merge_kernel(heads, lse, tile, cfg.partials_bf16), merge_sig))
+    merges = [(merge_name(tile, lse), *_with_sig(va.merge_kernel(heads, lse, tile, cfg), merge_sig))
               for tile in va.merge_tiles(cfg) for lse in (True, False)]
     splits = [("verify_split" + suffix + idx_suffix, *_split_spec(arch, heads, kv_type, idx_type))
               for suffix, kv_type in pool_types(arch).items() for idx_suffix, idx_type in INDEX_TYPES.items()]

@@ -53,6 +53,7 @@ from typing import NamedTuple
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 try:
     import torch
@@ -160,12 +161,24 @@ def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.conste
 
 
 @triton.jit
+def _grid_dependency(PDL: tl.constexpr):
+    """A split kernel's part in programmatic dependent launch (VerifyConfig.pdl): from 3, wait for
+    the kernel before it (launched as its dependent, it may start before that one ends); from 2,
+    then let the merge kernel launch (its programs wait for this grid's end before their loads).
+    Scalar code, for the Gluon kernels too."""
+    if PDL >= 3:
+        gdc_wait()
+    if PDL >= 2:
+        gdc_launch_dependents()
+
+
+@triton.jit
 def _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
     """(request, first and end latent row, is_draft) of program column pid_s: prefix slices come
     from the plan; the last BATCH columns are the requests' draft blocks (rows set by the caller).
     A batch of one request has no plan kernel: its slices follow from its length alone, the plan
-    kernel's chunk0 (which always fits one wave there), so each program cuts its own, and column
-    0 writes the merge's (first slot, slot count). That takes a launch off the call's critical
+    kernel's chunk0 (which always fits one wave there), so each program cuts its own, and the
+    merge counts them the same way (_request_slots). That takes a launch off the call's critical
     path (about 3 us, RESULTS.md session 23).
     Scalar code only, so the Gluon kernels (verify_gluon.py) call it too."""
     is_draft = pid_s >= NUM_SPLITS + BATCH
@@ -179,9 +192,6 @@ def _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.cons
         lo = pid_s * chunk
         hi = tl.minimum(lo + chunk, length)
         b = tl.where(lo < length, 0, 1)  # 1 = BATCH: a slot past the last slice
-        if pid_s == 0:  # (every row block writes the same two values)
-            tl.store(PLAN + (NUM_SPLITS + 1) * 4, 0)
-            tl.store(PLAN + (NUM_SPLITS + 1) * 4 + 1, tl.cdiv(length, chunk))
     else:
         b = tl.load(PLAN + pid_s * 4)
         lo = tl.load(PLAN + pid_s * 4 + 1)
@@ -258,6 +268,7 @@ def _verify_split_kernel(
     BLOCK_N: tl.constexpr,
     MIN_CHUNK: tl.constexpr,
     IDX_AHEAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: BLOCK_M query rows x one prefix slice (or the request's draft block) ->
     partial output and log2-sum-exp2. The pool KV (bf16 or fp8) holds latent / scale: its
@@ -265,6 +276,7 @@ def _verify_split_kernel(
     the draft latents K_EXT (bf16) are not scaled."""
     pid_m = tl.program_id(0)  # block of query rows (fastest: blocks of one slice share its KV in L2)
     pid_s = tl.program_id(1)  # slot: prefix slice (< NUM_SPLITS + BATCH) or a request's draft block
+    _grid_dependency(PDL)
 
     # -- which request and which part of it this program takes (from the plan kernel) --
     b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
@@ -321,6 +333,22 @@ def _verify_split_kernel(
 
 
 @triton.jit
+def _request_slots(b, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(first prefix slot, slot count) of request b, 0 slots for an empty prefix: the plan's, or
+    for a batch of one request (no plan kernel) counted from its length as its split programs cut
+    their slices (_program_slice). Both come from data the split kernel read before it ran, never
+    from what it writes (VerifyConfig.pdl: the merge loads them before it waits for the split)."""
+    if BATCH == 1:
+        length = tl.load(KV_INDPTR + 1) - tl.load(KV_INDPTR)
+        s_first = 0
+        n_used = tl.cdiv(length, _base_chunk(length, NUM_SPLITS, MIN_CHUNK, BLOCK_N))
+    else:
+        s_first = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4)
+        n_used = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1)
+    return s_first, n_used
+
+
+@triton.jit
 def _merge_chunk_rows(k, r, b, s_first, n_used, rows_max, NUM_SPLITS, BATCH):
     """(row of partial k of query row r in the workspace, whether it exists): partial 0 is request
     b's draft block, partial k > 0 its prefix slot s_first + k - 1."""
@@ -366,13 +394,16 @@ def _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, 
 
 @triton.jit(do_not_specialize=["stride_lt", "stride_lh", "rows_max", "NUM_SPLITS", "BATCH"])
 def _verify_merge_kernel(
-    PART_O, PART_LSE, PLAN, QO_INDPTR, OUT, LSE,
+    PART_O, PART_LSE, PLAN, KV_INDPTR, QO_INDPTR, OUT, LSE,
     stride_ot, stride_oh, stride_lt, stride_lh,
     rows_max, NUM_SPLITS, BATCH,
     NUM_HEADS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program = one query row x BLOCK_D output columns. One pass over the request's partials
     (its draft block first, then its prefix slices), SPLIT_CHUNK at a time with a running maximum:
@@ -382,14 +413,15 @@ def _verify_merge_kernel(
     r = tl.program_id(0)
     pid_d = tl.program_id(1)
     b = tl.program_id(2)
-    # the plan's entries are loaded beside the request's rows, not after the early return: a
-    # program then waits for one memory round trip before its partials' loads, not two
+    # the request's slots are loaded beside its rows, not after the early return: a program then
+    # waits for one memory round trip before its partials' loads, not two
     qo_start = tl.load(QO_INDPTR + b)
     n_rows = (tl.load(QO_INDPTR + b + 1) - qo_start) * NUM_HEADS
-    s_first = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4)  # this request's first prefix slot
-    n_used = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1)  # and its slot count (0 if L == 0)
+    s_first, n_used = _request_slots(b, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if r >= n_rows:
         return
+    if PDL:  # launched as the split kernel's dependent: its partials are complete past this wait
+        gdc_wait()
 
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -471,6 +503,12 @@ class VerifyConfig:
     # stores and the merge reads), each MMA group staging its columns in shared memory so that a
     # warp stores whole rows; the workspace follows (alloc_workspace(config=...))
     partials_bf16: bool = False
+    # programmatic dependent launch (sm_90 and later; under trial): 1, the merge kernel is launched
+    # as the split kernel's dependent, so its launch and its programs' first loads overlap the
+    # split kernel's end; 2, and the split kernel lets it launch as soon as all its programs run
+    # (the merge's programs then wait on SMs the split's have left); 3, and the split kernel is
+    # launched as the dependent of the kernel before it, and waits for it before its first load
+    pdl: int = 0
 
     def __post_init__(self):
         if self.merge_tile is not None and not isinstance(self.merge_tile, MergeTile):
@@ -490,6 +528,8 @@ class VerifyConfig:
         if self.partials_bf16 and not ((self.warp_specialized and self.s_cols == 256) or self.mma2):
             raise ValueError("VerifyConfig: partials_bf16 needs a split kernel that stages its stores (the "
                              "warp-specialised one with s_cols=256, or sm_120's mma2 kernels); leave it False")
+        if self.pdl not in (0, 1, 2, 3):
+            raise ValueError(f"VerifyConfig: pdl must be 0 (off), 1, 2 or 3 (got {self.pdl})")
         if self.q_regs and self.s_cols != 128:
             raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
                              "registers left for Q (it spills)")
@@ -623,9 +663,11 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     """(kernel, constexprs, launch options) of the split kernel a config runs for a bf16 or an
     fp8 pool; one choice for the launcher and the ahead-of-time build, so both compile the same
     binary."""
-    const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk)
+    const = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, PDL=cfg.pdl)
     # (num_stages: only part of the cache key for the Gluon kernels, which pipeline by hand)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.pdl >= 3:
+        opts["launch_pdl"] = True
     if cfg.mma2 and cfg.teams and not fp8_pool:
         verify_teams = importlib.import_module(".verify_teams", __package__)
         return (verify_teams._verify_split_kernel_teams, {**const, "ROPE_LINES": cfg.rope_lines, "SUMS_XOR": cfg.sums_xor},
@@ -659,14 +701,19 @@ def plan_kernel(cfg: VerifyConfig, bs_pad: int):
     return _verify_plan_kernel, const, dict(num_warps=4, num_stages=1)
 
 
-def merge_kernel(heads: int, write_lse: bool, tile: MergeTile, partials_bf16: bool = False):
+def merge_kernel(heads: int, write_lse: bool, tile: MergeTile, cfg: VerifyConfig):
     """(kernel, constexprs, launch options) of the merge kernel for one tile. bf16 partials are
     half the words a column: over half the warps a thread holds the same words as over fp32 ones,
     so the row tiles keep a chunk's partials in each thread and sum them there (over 4 warps
     Triton spread them over 2 warps and summed through shared memory, with 8 barriers a step)."""
-    const = dict(NUM_HEADS=heads, BLOCK_D=tile.block_d, SPLIT_CHUNK=tile.chunk, WRITE_LSE=write_lse)
-    warps = MERGE_NUM_WARPS // 2 if partials_bf16 else MERGE_NUM_WARPS
-    return _verify_merge_kernel, const, dict(num_warps=warps, num_stages=tile.stages)
+    const = dict(NUM_HEADS=heads, BLOCK_D=tile.block_d, SPLIT_CHUNK=tile.chunk, WRITE_LSE=write_lse,
+                 MIN_CHUNK=cfg.min_chunk, BLOCK_N=cfg.block_n,  # (to count a lone request's slices)
+                 PDL=cfg.pdl > 0)
+    warps = MERGE_NUM_WARPS // 2 if cfg.partials_bf16 else MERGE_NUM_WARPS
+    opts = dict(num_warps=warps, num_stages=tile.stages)
+    if cfg.pdl:
+        opts["launch_pdl"] = True
+    return _verify_merge_kernel, const, opts
 
 
 def is_plain_pool(kv_dtype, k_scale: float = 1.0, v_scale: float = 1.0) -> bool:
@@ -936,9 +983,9 @@ def verify_attention(
     lse_arg = lse if lse is not None else part_lse  # dummy pointer when not written
     if "merge" in _phases:
         tile = merge_tile(cfg, ns, batch)
-        merge_fn, merge_const, merge_opts = merge_kernel(h, lse is not None, tile, cfg.partials_bf16)
+        merge_fn, merge_const, merge_opts = merge_kernel(h, lse is not None, tile, cfg)
         merge_fn[(rows_max, D_NOPE // tile.block_d, batch)](
-            part_o, part_lse, plan_buf, qo_indptr, out, lse_arg,
+            part_o, part_lse, plan_buf, kv_indptr, qo_indptr, out, lse_arg,
             out.stride(0), out.stride(1),
             lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
             rows_max, ns, batch,

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ._gluon_compat import cta_barrier
-from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
+from .verify_attention import SPLIT_RUNTIME_INTS, _grid_dependency, _keys_of_program, _program_slice
 
 
 @gluon.jit
@@ -123,6 +123,7 @@ def _verify_split_kernel_gluon(
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     MIN_CHUNK: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert(gl.num_warps() == 8)
@@ -144,6 +145,7 @@ def _verify_split_kernel_gluon(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
+    _grid_dependency(PDL)
     b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return
@@ -692,6 +694,7 @@ def _verify_split_kernel_gluon_ws(
     S_COLS: gl.constexpr,
     Q_REGS: gl.constexpr,
     P_REGS: gl.constexpr,
+    PDL: gl.constexpr,
     S_AHEAD: gl.constexpr = True,
 ):
     gl.static_assert(BLOCK_M == 64)
@@ -704,6 +707,7 @@ def _verify_split_kernel_gluon_ws(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
+    _grid_dependency(PDL)
     b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return

@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ._gluon_compat import cta_barrier
-from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
+from .verify_attention import SPLIT_RUNTIME_INTS, _grid_dependency, _keys_of_program, _program_slice
 from .verify_gluon import _online_softmax_step, _q_row_ptrs, _tile_slots, _widen
 
 # S^T's partial sums [column group, latents, rows] over [4, 2, 1] warps
@@ -292,6 +292,7 @@ def _verify_split_kernel_mma2(
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     MIN_CHUNK: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 32)
     gl.static_assert(BLOCK_N == 32)
@@ -301,6 +302,7 @@ def _verify_split_kernel_mma2(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
+    _grid_dependency(PDL)
     b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return

@@ -1,4 +1,5 @@
 """CPU: ahead-of-time build for sm_120 and sm_90 with no GPU, and what the cubins contain."""
+import dataclasses
 import glob
 import json
 import os
@@ -292,6 +293,31 @@ def test_two_team_kernel_builds_for_sm120(tmp_path):
     sass = _sass(cubin)
     assert "HMMA.16816.F32.BF16" in sass and not HOPPER_ONLY.search(sass)
     assert "LDGSTSBAR.64.ARVCNT" in sass  # cp.async.mbarrier.arrive.noinc
+
+
+@pytest.mark.parametrize("arch", [90, 120])
+def test_programmatic_dependent_launch_builds_into_both_kernels(arch, monkeypatch):
+    """VerifyConfig.pdl = 3: the split kernel waits for the kernel before it, then lets the merge
+    launch, before any load; the merge loads its request's rows and slots, then waits once before
+    its partials' loads; both carry Triton's launch attribute. The shipped configs (pdl 0) hold
+    neither instruction."""
+    key = va.config_key(arch // 10)
+    shipped = {spec[0]: spec for spec in aot.kernel_specs(arch, 8)}
+    monkeypatch.setitem(va.CONFIGS, key, dataclasses.replace(va.CONFIGS[key], pdl=3))
+    specs = {spec[0]: spec for spec in aot.kernel_specs(arch, 8)}
+    merge = aot.merge_name(va.merge_tiles(va.CONFIGS[key])[-1], False)
+    for name in ("verify_split", merge):
+        _, fn, sig, const, opts = specs[name]
+        ptx = aot.compile_one(fn, sig, const, arch, opts).asm["ptx"]
+        assert opts["launch_pdl"] and ptx.count("griddepcontrol.wait") == 1
+        wait, first_load = ptx.index("griddepcontrol.wait"), ptx.index("ld.global")
+        if name == merge:
+            assert "griddepcontrol.launch_dependents" not in ptx
+            assert first_load < wait and "ld.global" in ptx[wait:]
+        else:
+            assert wait < ptx.index("griddepcontrol.launch_dependents") < first_load
+        _, fn, sig, const, opts = shipped[name]
+        assert "launch_pdl" not in opts and "griddepcontrol" not in aot.compile_one(fn, sig, const, arch, opts).asm["ptx"]
 
 
 @gluon.jit

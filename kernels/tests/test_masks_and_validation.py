@@ -217,7 +217,7 @@ def test_merge_tile_follows_the_mean_partials():
     assert va.merge_tile(cfg, 400, 1) == va.MergeTile(64, 128)
     own = dataclasses.replace(cfg, merge_tile=(128, 8))
     assert va.merge_tile(own, 66, 1) == va.MergeTile(128, 8, 1) and own.merge_tile.stages == 1
-    assert va.merge_kernel(8, False, rows)[2]["num_stages"] == 4
+    assert va.merge_kernel(8, False, rows, cfg)[2]["num_stages"] == 4
 
 
 def test_bf16_partials_take_their_own_merge_tiles():
@@ -234,5 +234,5 @@ def test_bf16_partials_take_their_own_merge_tiles():
     assert va.merge_tile(b16, 66, 1) == va.MergeTile(64, 128, 1) == va.merge_tile(f32, 66, 1)  # 67
     assert va.merge_tiles(b16) == (rows, va.MergeTile(128, 64, 2), va.MergeTile(64, 128))
     assert va.merge_tiles(dataclasses.replace(b16, merge_tile=(64, 8))) == (va.MergeTile(64, 8),)
-    assert va.merge_kernel(8, False, va.MergeTile(128, 64, 2), partials_bf16=True)[2] == dict(
+    assert va.merge_kernel(8, False, va.MergeTile(128, 64, 2), b16)[2] == dict(
         num_warps=va.MERGE_NUM_WARPS // 2, num_stages=2)

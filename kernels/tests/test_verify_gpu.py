@@ -1,5 +1,6 @@
 """GPU correctness: against a float32 torch reference and SGLang's own extend_attention_fwd,
 on fresh random inputs every run, with the output poisoned (NaN) before each call."""
+import dataclasses
 import importlib
 
 import pytest
@@ -213,13 +214,18 @@ REPLAY_LENGTHS = {3: ([5, 120_000, 0], [64_000, 1, 99_999], [7777, 7777, 120_000
 
 
 @pytest.mark.parametrize("bs", [3, 1])
-@pytest.mark.parametrize("config", [None, "sm120"])
+@pytest.mark.parametrize("config", [None, "sm120", "sm90-pdl3", "sm120-pdl3"])
 def test_cuda_graph_replay(config, bs):
     """Capture once at static maxima, replay with other lengths, masks and inputs: the arch's
-    own config, and sm_120's (its two-team kernel with mbarriers; mma.sync runs here too)."""
+    own config, and sm_120's (its two-team kernel with mbarriers; mma.sync runs here too); each
+    also with both kernels launched as dependents (VerifyConfig.pdl 3: edges of the graph)."""
+    name, _, pdl = (config or "").partition("-pdl")
+    if name == "sm90" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon split kernel is written for sm_90 (wgmma)")
+    cfg = dataclasses.replace(va.CONFIGS[name], pdl=int(pdl or 0)) if name else None
     h, t, max_L = 8, 16, 120_000
     static = make_case([max_L] * bs, [t] * bs, h, mask="tree", pool_extra=8192)
-    ws = va.alloc_workspace(bs, h, t, 40, "cuda", config=config and va.CONFIGS[config])
+    ws = va.alloc_workspace(bs, h, t, 40, "cuda", config=cfg)
     idx_buf = torch.zeros(bs * max_L, dtype=torch.int32, device="cuda")
     out = torch.empty(bs * t, h, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(bs * t, h, dtype=torch.float32, device="cuda")
@@ -229,7 +235,7 @@ def test_cuda_graph_replay(config, bs):
     def call():
         va.verify_attention(s["q"], s["k_extend"], kv, idx_buf, s["kv_indptr"], s["qo_indptr"],
                             s["tree_mask"], SM_SCALE, out=out, lse=lse, workspace=ws,
-                            max_q_len=t, num_splits=40, config=config and va.CONFIGS[config])
+                            max_q_len=t, num_splits=40, config=cfg)
 
     call()  # compile outside capture
     torch.cuda.synchronize()
@@ -299,6 +305,9 @@ CANDIDATES = [
     va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_ahead=False),
     # its partial outputs in bf16, each MMA group staging its columns in shared memory (session 31)
     va.VerifyConfig(64, 64, 4, 2, 64, gluon=True, warp_specialized=True, s_ahead=False, partials_bf16=True),
+    # programmatic dependent launch at each level (session 33), and sm_120's kernels with it
+    *(dataclasses.replace(va.CONFIGS["sm90"], pdl=level) for level in (1, 2, 3)),
+    dataclasses.replace(va.CONFIGS["sm120"], pdl=3),
     # the merge kernel over several chunks of partials (66 slices at 128k, 8 at a time)
     va.VerifyConfig(64, 32, 4, 4, 64, gluon=True, warp_specialized=True, merge_tile=(128, 8)),
 ]
