@@ -1,8 +1,8 @@
 """Verify attention per layer inside one CUDA graph of several layers, beside one call per graph.
 
     python kernels/bench/layers_graph.py [--layers 8] [--points 1024:16,32768:16,131072:16,...]
-                                         [--variant NAME] [--plugin] [--page-size P]
-                                         [--kv-dtype bf16|fp8_e4m3]
+                                         [--variant NAME[,NAME...] [--rounds N]] [--plugin]
+                                         [--page-size P] [--kv-dtype bf16|fp8_e4m3]
 
 SGLang captures a whole verify step (every layer) in one CUDA graph, so a layer's attention does
 not pay a graph launch of its own. bench_verify.py times one call captured alone, which does
@@ -10,6 +10,9 @@ not pay a graph launch of its own. bench_verify.py times one call captured alone
 output (as N layers have; they share one workspace, as the SGLang plugin's calls do), are captured
 in one graph; the replay's median time divided by N is the per-layer figure. Both figures are
 printed, with the floor of bench_verify.py (both ceilings measured in this run).
+
+Several variants are timed side by side at each point, in turn, --rounds times (an A/B whose
+runs interleave, so a drift of the card's clocks reaches every variant alike).
 
 --page-size P lays the pool out in random pages of P tokens, contiguous inside a page (the kernel
 still reads one slot index per token, as for SGLang's page_size 1): beside the default (1, every
@@ -24,6 +27,7 @@ calls with every layer packing and planning (the plugin before session 26) are t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -98,25 +102,31 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--points", default="1024:16,32768:16,65536:16,131072:16,200000:16,131072:64",
                     help="L:t or L1+L2+...:t, comma-separated")
-    ap.add_argument("--variant", default=None, help="a sweep_verify.py variant (default: the plan's choice)")
+    ap.add_argument("--variant", default=None,
+                    help="sweep_verify.py variants, comma-separated (default: the plan's choice)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every variant at each point, interleaved")
     ap.add_argument("--plugin", action="store_true", help="also per layer through the SGLang plugin (chains, trees)")
     ap.add_argument("--kv-dtype", choices=sorted(bv.KV_DTYPES), default="bf16", help="the pools' dtype (launcher only)")
     ap.add_argument("--page-size", type=int, default=1,
                     help="the pool's layout: random pages of this many contiguous tokens (default 1: scattered)")
     a = ap.parse_args()
-    cfg = sweep_verify.VARIANTS[a.variant] if a.variant else None
+    names = a.variant.split(",") if a.variant else ["auto"]
+    unknown = [n for n in names if n != "auto" and n not in sweep_verify.VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}: see VARIANTS in sweep_verify.py")
     torch.manual_seed(0)
     bw, mm = bv.ceilings()
     head = dict(device=torch.cuda.get_device_name(), copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12,
                 layers=a.layers, page_size=a.page_size, kv_dtype=a.kv_dtype, variant=a.variant or "auto", triton=triton.__version__, torch=torch.__version__)
     print(json.dumps(head), flush=True)
     rows = []
-    for lens, t in sweep_verify.parse_points(a.points):
+    for (lens, t), _, name in itertools.product(sweep_verify.parse_points(a.points), range(a.rounds), names):
+        cfg = sweep_verify.VARIANTS[name] if name != "auto" else None
         one, per = per_layer_us(lens, t, 8, a.layers, cfg, page_size=a.page_size, kv_dtype=bv.KV_DTYPES[a.kv_dtype])
         byt, fl = bv.work(lens, t, 8)
         floor = max(byt / bw, fl / mm) * 1e6
-        rows.append(dict(lens=list(lens), t=t, one_call_graph_us=one, per_layer_us=per, floor_us=floor))
-        print(f"L={'+'.join(map(str, lens))} t={t}: one call per graph {one:.1f} us, per layer in a graph of "
+        rows.append(dict(variant=name, lens=list(lens), t=t, one_call_graph_us=one, per_layer_us=per, floor_us=floor))
+        print(f"{name} L={'+'.join(map(str, lens))} t={t}: one call per graph {one:.1f} us, per layer in a graph of "
               f"{a.layers} {per:.1f} us, floor {floor:.1f} us ({100 * floor / per:.1f}% of it per layer)", flush=True)
         if a.plugin:
             plugin = rows[-1]["plugin_per_layer_us"] = {
@@ -128,11 +138,12 @@ def main():
     if out:
         with open(os.path.join(out, "layers_graph.json"), "w") as f:
             json.dump(dict(head=head, rows=rows), f, indent=1)
-    print(f"\n| L | t | one call per graph (us) | per layer, graph of {a.layers} (us) | floor (us) | % of floor per layer |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| variant | L | t | one call per graph (us) | per layer, graph of {a.layers} (us) | floor (us) | "
+          "% of floor per layer |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {'+'.join(map(str, r['lens']))} | {r['t']} | {r['one_call_graph_us']:.1f} | {r['per_layer_us']:.1f} | "
-              f"{r['floor_us']:.1f} | {100 * r['floor_us'] / r['per_layer_us']:.1f}% |")
+        print(f"| {r['variant']} | {'+'.join(map(str, r['lens']))} | {r['t']} | {r['one_call_graph_us']:.1f} | "
+              f"{r['per_layer_us']:.1f} | {r['floor_us']:.1f} | {100 * r['floor_us'] / r['per_layer_us']:.1f}% |")
 
 
 if __name__ == "__main__":
