@@ -173,21 +173,31 @@ def _grid_dependency(PDL: tl.constexpr):
 
 
 @triton.jit
-def _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(request, first and end latent row, is_draft) of program column pid_s: prefix slices come
-    from the plan; the last BATCH columns are the requests' draft blocks (rows set by the caller).
-    A batch of one request has no plan kernel: its slices follow from its length alone, the plan
-    kernel's chunk0 (which always fits one wave there), so each program cuts its own, and the
-    merge counts them the same way (_request_slots). That takes a launch off the call's critical
-    path (about 3 us, RESULTS.md session 23).
+def _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """(request b, first and end latent row, is_draft, the request's first query token, its draft
+    length, its first kv_indices entry) of program column pid_s; b = BATCH for a slot past the
+    batch's last slice, whose program returns (the last three then mean nothing). Prefix slices
+    come from the plan; the last BATCH columns are the requests' draft blocks (rows set by the
+    caller). A batch of one request has no plan kernel: its slices follow from its length alone,
+    the plan kernel's chunk0 (which always fits one wave there), so each program cuts its own,
+    and the merge counts them the same way (_request_slots). That takes a launch off the call's
+    critical path (about 3 us, RESULTS.md session 23).
+    A program's first loads wait on nothing: the request's entries are loaded beside the slice's
+    where the request is known without them (one request, a draft block), so a program of one
+    request is one memory round trip from its first slot index, not three.
     Scalar code only, so the Gluon kernels (verify_gluon.py) call it too."""
     is_draft = pid_s >= NUM_SPLITS + BATCH
+    # (each branch loads the request's entries before it computes anything: loads issue in order)
     if is_draft:
         b = pid_s - (NUM_SPLITS + BATCH)
+        qo_start, qo_end, kv_start = _request_entries(b, QO_INDPTR, KV_INDPTR)
         lo = 0
         hi = 0
     elif BATCH == 1:
-        length = tl.load(KV_INDPTR + 1) - tl.load(KV_INDPTR)
+        kv_end = tl.load(KV_INDPTR + 1)
+        qo_start, qo_end, kv_start = _request_entries(0, QO_INDPTR, KV_INDPTR)
+        length = kv_end - kv_start
         chunk = _base_chunk(length, NUM_SPLITS, MIN_CHUNK, BLOCK_N)
         lo = pid_s * chunk
         hi = tl.minimum(lo + chunk, length)
@@ -196,7 +206,15 @@ def _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.cons
         b = tl.load(PLAN + pid_s * 4)
         lo = tl.load(PLAN + pid_s * 4 + 1)
         hi = tl.load(PLAN + pid_s * 4 + 2)
-    return b, lo, hi, is_draft
+        # (an unused slot's b is BATCH: its loads stay in bounds)
+        qo_start, qo_end, kv_start = _request_entries(tl.minimum(b, BATCH - 1), QO_INDPTR, KV_INDPTR)
+    return b, lo, hi, is_draft, qo_start, qo_end - qo_start, kv_start
+
+
+@triton.jit
+def _request_entries(b, QO_INDPTR, KV_INDPTR):
+    """(first query token, end query token, first kv_indices entry) of request b."""
+    return tl.load(QO_INDPTR + b), tl.load(QO_INDPTR + b + 1), tl.load(KV_INDPTR + b)
 
 
 @triton.jit
@@ -279,15 +297,13 @@ def _verify_split_kernel(
     _grid_dependency(PDL)
 
     # -- which request and which part of it this program takes (from the plan kernel) --
-    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
+    b, lo, hi, is_draft, qo_start, t_b, kv_start = _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS,
+                                                                  BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return  # a slot past the last slice of the batch
-    qo_start = tl.load(QO_INDPTR + b)
-    t_b = tl.load(QO_INDPTR + b + 1) - qo_start
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return
-    kv_start = tl.load(KV_INDPTR + b)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_m < n_rows
@@ -337,15 +353,14 @@ def _request_slots(b, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexp
     """(first prefix slot, slot count) of request b, 0 slots for an empty prefix: the plan's, or
     for a batch of one request (no plan kernel) counted from its length as its split programs cut
     their slices (_program_slice). Both come from data the split kernel read before it ran, never
-    from what it writes (VerifyConfig.pdl: the merge loads them before it waits for the split)."""
-    if BATCH == 1:
-        length = tl.load(KV_INDPTR + 1) - tl.load(KV_INDPTR)
-        s_first = 0
-        n_used = tl.cdiv(length, _base_chunk(length, NUM_SPLITS, MIN_CHUNK, BLOCK_N))
-    else:
-        s_first = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4)
-        n_used = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1)
-    return s_first, n_used
+    from what it writes (VerifyConfig.pdl: the merge loads them before it waits for the split).
+    Both forms are loaded and one kept, without a branch: a program's first loads then all go
+    out together (the plan holds a row for every request, so its loads stay in bounds)."""
+    planned_first = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4)
+    planned_count = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1)
+    length = tl.load(KV_INDPTR + 1) - tl.load(KV_INDPTR)  # (request 0's, for BATCH == 1)
+    own_count = tl.cdiv(length, _base_chunk(length, NUM_SPLITS, MIN_CHUNK, BLOCK_N))
+    return tl.where(BATCH == 1, 0, planned_first), tl.where(BATCH == 1, own_count, planned_count)
 
 
 @triton.jit
@@ -414,11 +429,12 @@ def _verify_merge_kernel(
     pid_d = tl.program_id(1)
     b = tl.program_id(2)
     # the request's slots are loaded beside its rows, not after the early return: a program then
-    # waits for one memory round trip before its partials' loads, not two
+    # waits for one memory round trip before its partials' loads, not two. (Neither slot value is
+    # negative; without them in the condition the compiler moves their loads past the return.)
     qo_start = tl.load(QO_INDPTR + b)
     n_rows = (tl.load(QO_INDPTR + b + 1) - qo_start) * NUM_HEADS
     s_first, n_used = _request_slots(b, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
-    if r >= n_rows:
+    if (r >= n_rows) | ((s_first | n_used) < 0):
         return
     if PDL:  # launched as the split kernel's dependent: its partials are complete past this wait
         gdc_wait()

@@ -146,15 +146,13 @@ def _verify_split_kernel_gluon(
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     _grid_dependency(PDL)
-    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
+    b, lo, hi, is_draft, qo_start, t_b, kv_start = _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS,
+                                                                  BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return
-    qo_start = gl.load(QO_INDPTR + b)
-    t_b = gl.load(QO_INDPTR + b + 1) - qo_start
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return
-    kv_start = gl.load(KV_INDPTR + b)
     lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, KV, stride_kext, stride_kv)
     idx_ptr = KV_INDICES + kv_start
 
@@ -708,18 +706,16 @@ def _verify_split_kernel_gluon_ws(
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     _grid_dependency(PDL)
-    b, lo, hi, is_draft = _program_slice(pid_s, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
+    b, lo, hi, is_draft, qo_start, t_b, kv_start = _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS,
+                                                                  BATCH, MIN_CHUNK, BLOCK_N)
     if b >= BATCH:
         return
-    qo_start = gl.load(QO_INDPTR + b)
     # the request's mask rows: its own (stride_mask_req = stride_mask) or the draft block's
     # rows every request shares (stride_mask_req = 0)
     mask_rows = TREE_MASK + qo_start.to(gl.int64) * stride_mask_req
-    t_b = gl.load(QO_INDPTR + b + 1) - qo_start
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return
-    kv_start = gl.load(KV_INDPTR + b)
     KV_FP8: gl.constexpr = KV.dtype.element_ty != K_EXT.dtype.element_ty  # bf16 draft latents beside an fp8 pool
     if KV_FP8:  # the loader reads either (pointers of two types): the draft block's row range here
         lo, hi, k_base, k_stride = _keys_of_program(is_draft, t_b, lo, hi, K_EXT, K_EXT, stride_kext, stride_kext)
