@@ -120,6 +120,18 @@ def test_split_kernels_do_not_spill(built):
             assert re.search(r"STACK:0 .*LOCAL:0", usage), f"sm_{arch} {name}: {usage}"
 
 
+def test_merge_issues_its_first_loads_before_its_early_return(built):
+    """Every merge tile's six first loads (its rows' two qo_indptr entries, the plan's pair, a
+    lone request's kv_indptr pair) are in flight together before a program past its request's
+    rows returns, so its partials' loads wait one memory round trip, not two: until session 33
+    the compiler moved the plan's loads past that return."""
+    out, _ = built
+    for arch in (120, 90):
+        for name in MERGE_NAMES[arch]:
+            sass = _sass(os.path.join(out, f"sm_{arch}", name + "_h8.cubin"))
+            assert sass[:sass.index("EXIT")].count("LDG") == 6, f"sm_{arch} {name}"
+
+
 def test_sm90_cubin_uses_wgmma(built):
     """The same check finds Hopper instructions where they are expected, so a clean sm_120
     result above means something."""
