@@ -114,6 +114,8 @@ def main():
     unknown = [n for n in names if n != "auto" and n not in sweep_verify.VARIANTS]
     if unknown:
         ap.error(f"unknown variant(s) {unknown}: see VARIANTS in sweep_verify.py")
+    if a.plugin and (len(names) > 1 or a.rounds > 1):
+        ap.error("--plugin runs the plugin's own config whatever the variant: use it with one variant and one round")
     torch.manual_seed(0)
     bw, mm = bv.ceilings()
     head = dict(device=torch.cuda.get_device_name(), copy_bw_TBs=bw / 1e12, mm_TFLOPs=mm / 1e12,

@@ -39,8 +39,8 @@ Layout decisions:
     many slices and a short one few. A one-program kernel (``_verify_plan_kernel``)
     writes the plan from kv_indptr on the device; programs past the last slice return at once.
     A batch of one request needs no plan kernel: its programs cut their own slices.
-    Each request's draft block is one more slot. The merge kernel reads the same plan, so
-    nothing goes through the host.
+    Each request's draft block is one more slot. The merge kernel reads the same plan (for one
+    request it counts the slices as the programs cut them), so nothing goes through the host.
   * The grid is (row blocks for max_q_len, NUM_SPLITS + 2 * batch): only static sizes.
 """
 from __future__ import annotations
@@ -164,8 +164,8 @@ def _verify_plan_kernel(KV_INDPTR, PLAN, BATCH, NUM_SPLITS, MIN_CHUNK: tl.conste
 def _grid_dependency(PDL: tl.constexpr):
     """A split kernel's part in programmatic dependent launch (VerifyConfig.pdl): from 3, wait for
     the kernel before it (launched as its dependent, it may start before that one ends); from 2,
-    then let the merge kernel launch (its programs wait for this grid's end before their loads).
-    Scalar code, for the Gluon kernels too."""
+    then let the merge kernel launch (its programs load their rows and slots, then wait for this
+    grid's end before their partials' loads). Scalar code, for the Gluon kernels too."""
     if PDL >= 3:
         gdc_wait()
     if PDL >= 2:
@@ -354,10 +354,11 @@ def _request_slots(b, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexp
     for a batch of one request (no plan kernel) counted from its length as its split programs cut
     their slices (_program_slice). Both come from data the split kernel read before it ran, never
     from what it writes (VerifyConfig.pdl: the merge loads them before it waits for the split).
-    Both forms are loaded and one kept, without a branch: a program's first loads then all go
-    out together (the plan holds a row for every request, so its loads stay in bounds)."""
-    planned_first = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4)
-    planned_count = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1)
+    Both forms are loaded (the plan's only where it was written) and one kept, without a branch:
+    a program's first loads then all go out together."""
+    planned = BATCH > 1
+    planned_first = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4, mask=planned, other=0)
+    planned_count = tl.load(PLAN + (NUM_SPLITS + BATCH + b) * 4 + 1, mask=planned, other=0)
     length = tl.load(KV_INDPTR + 1) - tl.load(KV_INDPTR)  # (request 0's, for BATCH == 1)
     own_count = tl.cdiv(length, _base_chunk(length, NUM_SPLITS, MIN_CHUNK, BLOCK_N))
     return tl.where(BATCH == 1, 0, planned_first), tl.where(BATCH == 1, own_count, planned_count)
@@ -848,6 +849,10 @@ def plan(q: torch.Tensor, batch: int, max_q_len: int | None = None, num_splits: 
     device only."""
     major, minor, sms = _device_info(q.device)
     cfg = config or config_for_arch(major, minor, kv_dtype)
+    if cfg.pdl and major < 9:
+        arch = f"sm_{major}{minor}" if q.device.type == "cuda" else "the CPU"
+        raise ValueError(f"config: pdl={cfg.pdl} (programmatic dependent launch) needs sm_90 or later, and "
+                         f"{q.device} is {arch}; set pdl=0")
     h = q.shape[1]
     mq = int(max_q_len) if max_q_len is not None else q.shape[0]
     row_blocks = triton.cdiv(mq * h, cfg.block_m)

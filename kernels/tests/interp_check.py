@@ -47,7 +47,8 @@ if isinstance(spec, list):
 cfg = va.VerifyConfig(**spec["config"])
 if "split_block_n" in spec:
     # the split kernel tiles by another BLOCK_N than the plan's cfg.block_n, as sm_90's fp8 pools
-    # did (sessions 28-29): slices cut by the plan, or by a single request's own programs
+    # did (sessions 28-29), over slices cut by the plan (a batch only: a single request's programs
+    # cut slices by their own BLOCK_N, and the merge counts them by the config's)
     real_split_kernel = va.split_kernel
 
     def split_kernel_other_tiles(*args, **kwargs):

@@ -236,3 +236,26 @@ def test_bf16_partials_take_their_own_merge_tiles():
     assert va.merge_tiles(dataclasses.replace(b16, merge_tile=(64, 8))) == (va.MergeTile(64, 8),)
     assert va.merge_kernel(8, False, va.MergeTile(128, 64, 2), b16)[2] == dict(
         num_warps=va.MERGE_NUM_WARPS // 2, num_stages=2)
+
+
+@pytest.mark.parametrize("cfg", [*va.CONFIGS.values(), va.SM90_TRITON, va.SM120_TRITON, va.SM120_TRITON_FP8,
+                                 LOCK_STEP], ids=str)
+def test_split_and_merge_cut_a_lone_requests_slices_alike(cfg):
+    """A lone request's split programs cut their slices by their kernel's BLOCK_N and MIN_CHUNK
+    and the merge counts them by its own (_request_slots): the two must agree for every pool."""
+    for fp8_pool in (False, True):
+        _, split_const, _ = va.split_kernel(cfg, 8, fp8_pool=fp8_pool)
+        for tile in va.merge_tiles(cfg):
+            _, merge_const, _ = va.merge_kernel(8, False, tile, cfg)
+            for name in ("BLOCK_N", "MIN_CHUNK"):
+                assert split_const[name] == merge_const[name], (fp8_pool, tile, name)
+
+
+def test_dependent_launch_needs_sm90():
+    """VerifyConfig.pdl on an older GPU (here the CPU interpreter's stand-in, sm_80) says what to do
+    instead of failing in ptxas."""
+    case = make_case([10], [4], 8, device="cpu")
+    with pytest.raises(ValueError, match="pdl=1 .*needs sm_90 or later.*set pdl=0"):
+        va.plan(case["q"], 1, 4, None, dataclasses.replace(va.CONFIGS["sm80"], pdl=1))
+    with pytest.raises(ValueError, match="pdl must be 0"):
+        dataclasses.replace(va.CONFIGS["sm90"], pdl=4)
