@@ -174,7 +174,7 @@ def _grid_dependency(PDL: tl.constexpr):
 
 @triton.jit
 def _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     """(request b, first and end latent row, is_draft, the request's first query token, its draft
     length, its first kv_indices entry) of program column pid_s; b = BATCH for a slot past the
     batch's last slice, whose program returns (the last three then mean nothing). Prefix slices
@@ -185,8 +185,10 @@ def _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS, BATCH, MIN_CHU
     critical path (about 3 us, RESULTS.md session 23).
     A program's first loads wait on nothing: the request's entries are loaded beside the slice's
     where the request is known without them (one request, a draft block), so a program of one
-    request is one memory round trip from its first slot index, not three.
+    request is one memory round trip from its first slot index, not three. A split kernel's
+    first call: its part in a dependent launch (_grid_dependency) comes before any load.
     Scalar code only, so the Gluon kernels (verify_gluon.py) call it too."""
+    _grid_dependency(PDL)
     is_draft = pid_s >= NUM_SPLITS + BATCH
     # (each branch loads the request's entries before it computes anything: loads issue in order)
     if is_draft:
@@ -294,11 +296,10 @@ def _verify_split_kernel(
     the draft latents K_EXT (bf16) are not scaled."""
     pid_m = tl.program_id(0)  # block of query rows (fastest: blocks of one slice share its KV in L2)
     pid_s = tl.program_id(1)  # slot: prefix slice (< NUM_SPLITS + BATCH) or a request's draft block
-    _grid_dependency(PDL)
 
     # -- which request and which part of it this program takes (from the plan kernel) --
     b, lo, hi, is_draft, qo_start, t_b, kv_start = _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS,
-                                                                  BATCH, MIN_CHUNK, BLOCK_N)
+                                                                  BATCH, MIN_CHUNK, BLOCK_N, PDL)
     if b >= BATCH:
         return  # a slot past the last slice of the batch
     n_rows = t_b * NUM_HEADS

@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ._gluon_compat import cta_barrier
-from .verify_attention import SPLIT_RUNTIME_INTS, _grid_dependency, _keys_of_program, _program_slice
+from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 from .verify_gluon import _online_softmax_step, _q_row_ptrs, _tile_slots, _widen
 
 # S^T's partial sums [column group, latents, rows] over [4, 2, 1] warps
@@ -302,9 +302,8 @@ def _verify_split_kernel_mma2(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
-    _grid_dependency(PDL)
     b, lo, hi, is_draft, qo_start, t_b, kv_start = _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS,
-                                                                  BATCH, MIN_CHUNK, BLOCK_N)
+                                                                  BATCH, MIN_CHUNK, BLOCK_N, PDL)
     if b >= BATCH:
         return
     n_rows = t_b * NUM_HEADS

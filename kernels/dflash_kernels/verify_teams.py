@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
 
 from ._gluon_compat import cta_barrier
-from .verify_attention import SPLIT_RUNTIME_INTS, _grid_dependency, _keys_of_program, _program_slice
+from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 from .verify_gluon import _online_softmax_step
 from .verify_mma2 import (
     KN3_SH,
@@ -298,9 +298,8 @@ def _verify_split_kernel_teams(
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
-    _grid_dependency(PDL)
     b, lo, hi, is_draft, qo_start, t_b, kv_start = _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS,
-                                                                  BATCH, MIN_CHUNK, BLOCK_N)
+                                                                  BATCH, MIN_CHUNK, BLOCK_N, PDL)
     if b >= BATCH:
         return
     # the request's mask rows: its own (stride_mask_req = stride_mask) or the draft block's
