@@ -10,11 +10,12 @@ t0=$(date +%s)
 scripts/bootstrap.sh
 lab/build-images.sh
 scripts/sglang-real-env.sh .venv-sglang
-# The planner's formulas are checked against functions read from SGLang's own wheel.
+# SGLang's own wheel: the planner's formulas are checked against functions read from it, the
+# plugin against its backend's call site, and the kernels against its Triton kernel (interpreter).
 wheel_dir=.lab/cache/wheels
 ls "$wheel_dir"/sglang-0.5.23-*.whl >/dev/null 2>&1 \
     || .venv/bin/pip download -q --no-deps -d "$wheel_dir" sglang==0.5.23 2>&1 | { grep -v '^WARNING: Location' >&2 || true; }
-OPSCTL_SGLANG_WHEEL=$(ls "$wheel_dir"/sglang-0.5.23-*.whl)
-export OPSCTL_SGLANG_WHEEL
+SGLANG_WHEEL=$(ls "$wheel_dir"/sglang-0.5.23-*.whl)
+export SGLANG_WHEEL
 echo "[test] setup took $(( $(date +%s) - t0 )) s" >&2
 exec .venv/bin/python -m pytest -m "not gpu and not image" --durations=15 "$@"

@@ -6,8 +6,11 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import zipfile
 
 import torch
 
@@ -81,18 +84,52 @@ def random_custom_mask(qo_indptr, kv_indptr):
     return mask, torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int64, device=qo_indptr.device)
 
 
+PEER_FILES = ("decode_attention.py", "extend_attention.py", "score_mod.py")
+
+
 def peer_dir() -> str | None:
-    """The folder fetch_peer.sh makes (PEER_DIR, default .peer at the repository root), or None
-    when it is not there."""
+    """SGLang's Triton attention kernels (the peer), as a folder holding its `sglang` package: PEER_DIR
+    if set; else `.peer` at the repository root (what fetch_peer.sh makes); else the same files
+    unpacked from the wheel that SGLANG_WHEEL names (scripts/test.sh sets it, so CI checks against
+    SGLang's own kernel through the interpreter); else None."""
     here = os.path.dirname(os.path.abspath(__file__))
-    peer = os.environ.get("PEER_DIR", os.path.join(here, "..", "..", ".peer"))
+    if "PEER_DIR" in os.environ:
+        peer = os.environ["PEER_DIR"]
+    elif os.path.isdir(os.path.join(here, "..", "..", ".peer", "sglang")):
+        peer = os.path.join(here, "..", "..", ".peer")
+    elif os.environ.get("SGLANG_WHEEL"):
+        peer = unpack_peer(os.environ["SGLANG_WHEEL"])
+    else:
+        return None
     return peer if os.path.isdir(os.path.join(peer, "sglang")) else None
 
 
+def unpack_peer(wheel: str) -> str:
+    """The peer's three files out of SGLang's wheel, into a folder of the temp dir named after the
+    wheel (made once, whole or not at all: unpacked beside it, then renamed), with empty package
+    __init__ files in place of SGLang's, which import its runtime."""
+    dest = os.path.join(tempfile.gettempdir(), "dflash-peer-" + os.path.basename(wheel).removesuffix(".whl"))
+    if os.path.isdir(dest):
+        return dest
+    attention = "sglang/kernels/ops/attention"
+    staging = tempfile.mkdtemp(dir=os.path.dirname(dest))
+    with zipfile.ZipFile(wheel) as z:
+        for name in PEER_FILES:
+            z.extract(f"{attention}/{name}", staging)
+    parts = attention.split("/")
+    for depth in range(1, len(parts) + 1):
+        open(os.path.join(staging, *parts[:depth], "__init__.py"), "w").close()
+    try:
+        os.rename(staging, dest)
+    except OSError:  # another process unpacked it first
+        shutil.rmtree(staging)
+    return dest
+
+
 def load_peer():
-    """SGLang's extend_attention_fwd: from the peer folder (peer_dir) with its stubs, else from an
-    installed SGLang (the engine image, where bench/bench_verify.py then times the card's own
-    SGLang kernel), else None."""
+    """SGLang's extend_attention_fwd: from the peer folder (peer_dir) with stand-ins for the two
+    runtime modules it imports (sglang_stand_ins.py), else from an installed SGLang (the engine
+    image, where bench/bench_verify.py then times the card's own SGLang kernel), else None."""
     peer = peer_dir()
     if peer is None:
         try:
@@ -102,8 +139,8 @@ def load_peer():
         return extend_attention_fwd
     if peer not in sys.path:
         sys.path.insert(0, peer)
-    import stubs  # noqa: E402  (from the peer folder)
-    stubs.install()
+    import sglang_stand_ins  # noqa: E402  (beside this file)
+    sglang_stand_ins.install()
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
     return extend_attention_fwd
 

@@ -82,5 +82,6 @@ result = {"nan": bool(torch.isnan(out).any() or torch.isnan(lse).any()),
           "rel_err": rel_err(out, ref_o), "lse_err": float((lse - ref_lse).abs().max())}
 if spec.get("peer"):
     theirs = run_peer(load_peer(), case, torch.full_like(out, float("nan")), **scales)
-    result.update(peer_nan=bool(torch.isnan(theirs).any()), peer_rel_err=rel_err(theirs, ref_o))
+    result.update(peer_nan=bool(torch.isnan(theirs).any()), peer_rel_err=rel_err(theirs, ref_o),
+                  ours_vs_peer=rel_err(out, theirs))
 print(json.dumps(result))

@@ -79,7 +79,31 @@ def test_tree_mask_kernel_matches_its_torch_ops():
     assert run_interpreted("interp_masks.py").split() == ["4"]
 
 
-@pytest.mark.skipif(peer_dir() is None, reason="SGLang peer kernels not fetched (fetch_peer.sh)")
+needs_peer = pytest.mark.skipif(peer_dir() is None, reason="SGLang's kernels not found: run fetch_peer.sh, or "
+                                "set SGLANG_WHEEL to the sglang 0.5.23 wheel (scripts/test.sh does)")
+
+
+@needs_peer
+@pytest.mark.parametrize("spec", [
+    # random trees in a batch: empty prefixes, t = 1, prefixes of different lengths, 8 heads
+    dict(lens=[0, 300, 7, 95], ts=[2, 5, 1, 4], heads=8, num_splits=5, config=SMALL),
+    # a chain, 16 heads, one request over several slices (no plan kernel)
+    dict(lens=[400], ts=[6], heads=16, num_splits=4, mask="chain", config=SMALL),
+    # a 40-node tree (its mask spans two 32-bit words) over pages of 16, 64-wide tiles
+    dict(lens=[70, 33], ts=[40, 17], heads=1, num_splits=3, page_size=16,
+         config=dict(block_m=32, block_n=64, num_warps=4, num_stages=1, min_chunk=64, idx_ahead=True)),
+], ids=["tree-batch-8-heads", "chain-16-heads", "tree-40-paged"])
+def test_sglang_kernel_computes_what_ours_computes(spec):
+    """SGLang's own extend_attention_fwd (its target-verify call, from the pinned release's files),
+    run by the interpreter on the same inputs as ours: both land on the float32 reference, and on
+    each other, at bf16 levels."""
+    r = _run(dict(spec, peer=True))
+    assert not r["nan"] and not r["peer_nan"], r
+    assert r["rel_err"] < TOL and r["peer_rel_err"] < TOL, r
+    assert r["ours_vs_peer"] < TOL, r
+
+
+@needs_peer
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "float8_e4m3fn"])
 def test_pool_scales_mean_what_sglang_means(kv_dtype):
     """SGLang's own extend_attention_fwd, run by the interpreter on the same inputs, with k/v

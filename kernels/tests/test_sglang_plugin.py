@@ -24,11 +24,17 @@ BACKEND_PATH = "sglang/srt/layers/attention/triton_backend.py"
 @pytest.fixture(scope="module")
 def backend_source():
     """triton_backend.py of the pinned SGLang release: from SGLANG_TRITON_BACKEND_PY if set, else
-    from the wheel fetched with pip (no dependencies); skipped when neither works."""
+    from the wheel SGLANG_WHEEL names (scripts/test.sh sets it), else from the wheel fetched with
+    pip (no dependencies); skipped when none works."""
     path = os.environ.get("SGLANG_TRITON_BACKEND_PY")
     if path:
         with open(path) as f:
             return f.read()
+    wheel = os.environ.get("SGLANG_WHEEL")
+    if wheel:
+        assert f"sglang-{SGLANG_VERSION}-" in os.path.basename(wheel), f"SGLANG_WHEEL is not sglang {SGLANG_VERSION}"
+        with zipfile.ZipFile(wheel) as z:
+            return z.read(BACKEND_PATH).decode()
     with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", d,
                             f"sglang=={SGLANG_VERSION}"], capture_output=True, text=True)

@@ -153,12 +153,12 @@ def test_log_without_a_sized_start():
 
 
 # --- against the wheel's own code ---------------------------------------------------------------
-# Set OPSCTL_SGLANG_WHEEL to an sglang 0.5.23 wheel (pip download --no-deps sglang==0.5.23).
+# Set SGLANG_WHEEL to an sglang 0.5.23 wheel (pip download --no-deps sglang==0.5.23).
 # The functions are taken out of the wheel's source with `ast` and run with stubs, so
 # neither torch nor sglang is imported.
 
-WHEEL = os.environ.get("OPSCTL_SGLANG_WHEEL")
-needs_wheel = pytest.mark.skipif(not WHEEL, reason="OPSCTL_SGLANG_WHEEL not set")
+WHEEL = os.environ.get("SGLANG_WHEEL")
+needs_wheel = pytest.mark.skipif(not WHEEL, reason="SGLANG_WHEEL not set")
 
 
 def _function(source: str, qualname: str, namespace: dict):
