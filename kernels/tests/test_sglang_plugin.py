@@ -261,13 +261,54 @@ def test_unsupported_calls_fall_back(monkeypatch):
         # CPU tensors: refused before any kernel; then SGLang's own choice decides
         assert b.dflash_verify(**_args()) == expect
         assert "CUDA" in b.dflash_verify.last_reason
-    u = plugin.MlaVerify.unsupported
+
+
+def _fp8_pool(a):
+    pool = torch.randn(64, 1, 576).to(torch.float8_e4m3fn)
+    return dict(k_buffer=pool, v_buffer=pool[..., :512])
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(logit_cap=30.0), "logit cap"),
+    (dict(sliding_window_size=4096), "sliding window"),
+    (dict(sinks=torch.zeros(8)), "attention sinks"),
+    (dict(window_kv_offsets=torch.zeros(1, dtype=torch.int32)), "window offsets"),
+    (dict(xai_temperature_len=1024), "xai temperature"),
+    (lambda a: dict(v_buffer=a["k_buffer"].clone()[..., :512]), "v_buffer is not a view of k_buffer"),
+    (lambda a: dict(q=a["q"][..., :192].contiguous()), "not MLA 576 bf16"),
+    (lambda a: dict(q=a["q"].half()), "not MLA 576 bf16"),
+    (lambda a: dict(o=torch.empty(4, 8, 128, dtype=torch.bfloat16)), "not 512 bf16"),
+    (lambda a: dict(k_buffer=a["k_buffer"].half(), v_buffer=a["k_buffer"].half()[..., :512]),
+     "not a bf16 or fp8 latent pool"),
+    (lambda a: dict(k=a["k"].half()), "not bf16 latents"),
+    ("old card", "fp8 pools need compute capability 8.9 or newer"),
+], ids=["logit-cap", "window", "sinks", "window-offsets", "xai", "v-copy", "q-not-576", "q-fp16", "o-not-512",
+        "pool-fp16", "k-fp16", "fp8-old-card"])
+def test_each_unsupported_call_goes_back_to_sglang(monkeypatch, change, reason):
+    """Every reason to decline, on a call that is otherwise servable (CPU tensors taken for CUDA
+    ones, so the checks past the device's run): the plugin names the reason and returns what
+    SGLang's own path returns, never running the kernel."""
+    monkeypatch.setenv(plugin.ENV, "1")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(va, "_device_info", lambda device: (9, 0, 132))
+    runs = []
+    monkeypatch.setattr(va, "verify_attention", lambda *a, **kw: runs.append(a))
+    cls = _fresh_fake()
+    plugin.patch_backend_class(cls)
+    b = cls(shared=True)
     a = _args()
-    common = dict(custom_mask=None, logit_cap=0.0, sliding_window_size=-1,
-                  sinks=None, window_kv_offsets=None, xai_temperature_len=-1)
-    if torch.cuda.is_available():
-        pytest.skip("the per-reason checks below use CPU tensors")
-    assert u(a["q"], a["k"], a["v"], a["o"], a["k_buffer"], a["v_buffer"], **common) == "not on a CUDA device"
+    assert b.dflash_verify(**a) is True and b.dflash_verify.last_reason is None  # servable as it is
+    assert len(runs) == 1
+    if change == "old card":
+        monkeypatch.setattr(va, "fp8_pool_supported", lambda device: False)
+        a.update(_fp8_pool(a))
+    elif callable(change):
+        a.update(change(a))
+    else:
+        a.update(change)
+    assert b.dflash_verify(**a) == "sglang's own fast path"
+    assert reason in b.dflash_verify.last_reason
+    assert len(runs) == 1  # the declined call did not reach the kernel
 
 
 @pytest.mark.parametrize("pool_dtype, descale", [
@@ -570,7 +611,11 @@ def test_the_benchmark_takes_an_installed_sglangs_kernel_without_the_peer_folder
 
     import cases
     monkeypatch.setenv("PEER_DIR", str(tmp_path / "none"))
-    assert cases.load_peer() is None or "sglang" in sys.modules  # nothing installed here
+    # no SGLang anywhere: none imported, none on the path (a GPU test may have loaded the peer's)
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "sglang"))])
+    assert cases.load_peer() is None
     fake = types.ModuleType("sglang.kernels.ops.attention.extend_attention")
     fake.extend_attention_fwd = lambda *args, **kw: None
     monkeypatch.setitem(sys.modules, fake.__name__, fake)

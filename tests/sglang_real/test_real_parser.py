@@ -20,36 +20,15 @@ pytestmark = [
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Fallback argv with exactly the flags the production unit renders.
-FIXTURE_ARGV = [
-    "--model-path", "/models/Kimi-K2.6",
-    "--served-model-name", "kimi-k2.6",
-    "--tp-size", "8",
-    "--host", "127.0.0.1",
-    "--port", "30000",
-    "--mem-fraction-static", "0.93",
-    "--chunked-prefill-size", "4096",
-    "--context-length", "200000",
-    "--max-running-requests", "48",
-    "--page-size", "1",
-    "--attention-backend", "triton",
-    "--enable-metrics",
-    "--disable-radix-cache",
-    "--trust-remote-code",
-    "--speculative-algorithm", "DFLASH",
-    "--speculative-draft-model-path", "/models/Kimi-K2.6-DFlash",
-    "--speculative-num-draft-tokens", "16",
-    "--watchdog-timeout", "300",
-]  # fmt: skip
+def production_argv(**overrides) -> list[str]:
+    """The flags opsctl renders into the engine unit (the sglang role's defaults, then overrides)."""
+    from opsctl.render import engine_argv
+
+    return engine_argv(**overrides)
 
 
-def production_argv() -> list[str]:
-    """The flags opsctl renders into the engine unit (fixture if render is absent)."""
-    try:
-        from opsctl.render import engine_argv
-    except ImportError:
-        return list(FIXTURE_ARGV)
-    return engine_argv()
+# The unit with every optional switch of the template on (a benchmark node's radix cache off).
+EVERY_SWITCH = dict(sglang_disable_radix_cache=True, sglang_trust_remote_code=True, sglang_enable_metrics=True)
 
 
 def expected_values(argv: list[str]) -> dict[str, object]:
@@ -81,7 +60,7 @@ def _same(parsed: object, written: object) -> bool:
 def real():
     argvs = {
         "ours": production_argv(),
-        "fixture": FIXTURE_ARGV,
+        "every_switch": production_argv(**EVERY_SWITCH),
         "tp_alias": ["--model-path", "m", "--tp", "4"],
         "cuda_graph_max_bs": ["--model-path", "m", "--cuda-graph-max-bs", "48"],
         "cuda_graph_max_bs_decode": ["--model-path", "m", "--cuda-graph-max-bs-decode", "48"],
@@ -99,7 +78,7 @@ def test_real_parser_is_0_5_23():
     assert real_parser.version() == "0.5.23"
 
 
-@pytest.mark.parametrize("which", ["ours", "fixture"])
+@pytest.mark.parametrize("which", ["ours", "every_switch"])
 def test_rendered_flags_accepted_with_meant_values(real, which):
     argv, res = real[which]
     assert res["ok"], res
@@ -246,7 +225,7 @@ def compare_with_sim(argvs: list[list[str]]) -> list[tuple[list[str], dict, tupl
 def test_simulator_parser_agrees_with_real(real):
     argvs = [
         production_argv(),
-        FIXTURE_ARGV,
+        production_argv(**EVERY_SWITCH),
         ["--model-path", "m", "--tp", "4"],
         ["--model-path", "m", "--no-such-flag"],
         ["--model-path", "m", "--cuda-graph-max-bs", "48"],

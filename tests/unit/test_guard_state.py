@@ -249,27 +249,6 @@ def test_a_step_killed_after_writing_its_file_rolls_back_to_the_file_before_it(t
     assert store.records()[-1]["outcome"] == "rolled_back"
 
 
-def test_the_heartbeat_goes_on_while_a_step_runs(monkeypatch):
-    """The heartbeat has its own thread: a step takes minutes, and `opsctl status` takes a beat
-    older than 30 s for a dead guard (before: the loop beat, and stood still while acting)."""
-    import threading
-
-    from opsctl.guard import daemon
-    monkeypatch.setattr(daemon, "HEARTBEAT_S", 0.01)
-    beats = []
-    step_done = threading.Event()
-
-    class Busy:
-        def heartbeat(self):
-            beats.append(time.monotonic())
-    heartbeat = daemon.Heartbeat(Busy())
-    heartbeat.start()
-    step_done.wait(0.3)  # the main thread "acts" meanwhile
-    heartbeat.stopping.set()
-    heartbeat.join(1.0)
-    assert len(beats) >= 5 and not heartbeat.is_alive()
-
-
 def test_resume_pause_only_leaves_a_stop_and_the_budget(setup):
     """What a rollout that paused the guard lifts afterwards: its pause, not a stop the guard was
     in (which needs a person) nor the remediations already spent this hour."""

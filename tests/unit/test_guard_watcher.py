@@ -190,6 +190,34 @@ def test_a_death_the_guard_cannot_judge_stops_it_and_the_loop_lives_on(watcher):
     wait_for_passes(node)  # still looping
 
 
+def test_the_heartbeat_goes_on_while_the_guard_acts_on_a_death(tmp_path, monkeypatch):
+    """A step (a restart) takes minutes, and `opsctl status` takes a beat older than 30 s for a
+    dead guard: the watcher beats from its own thread, so the beats go on while the guard acts on a
+    death (before: the loop beat, and stood still while acting)."""
+    monkeypatch.setattr(daemon, "HEARTBEAT_S", 0.01)
+    journal = FakeJournal(STARTUP)
+    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
+    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9", guard=GuardConfig(probe_interval_s=60.0))
+    node, guard = FakeNode(journal), RecordingGuard(GuardStore(tmp_path))
+    beats, acting, step_done = [], threading.Event(), threading.Event()
+    guard.heartbeat = lambda: beats.append(time.monotonic())
+    guard.on_death = lambda death, seen: (acting.set(), step_done.wait(10))
+    loop = daemon.Watcher(config, guard=guard, node=node)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        journal.write(*SERVING_OOM)
+        node.active = False
+        assert acting.wait(10), "the guard was not asked to act on the death"
+        before = len(beats)
+        time.sleep(0.3)  # the step "runs"
+        assert len(beats) >= before + 5, f"{len(beats) - before} beats in 0.3 s while the guard acted"
+    finally:
+        step_done.set()
+        loop.stopping.set()
+        thread.join(timeout=5)
+
+
 def test_failing_probes_while_the_scheduler_logs_batches_are_not_a_hang(tmp_path, monkeypatch):
     """SGLang answers a health check only when its current forward pass ends; a pass longer than
     the probe (a long unchunked prefill) fails the probes of a working engine. While its
