@@ -48,11 +48,14 @@ def holder(state_dir: Path, other_than: int | None = None) -> str | None:
 @contextlib.contextmanager
 def engine_lock(state_dir: Path, holder_name: str, wait_s: float = 0.0) -> Iterator[None]:
     """Hold the engine lock, or fail saying who holds it."""
-    state_dir.mkdir(parents=True, exist_ok=True)
     info = state_dir / INFO_FILE
     lock = FileLock(str(state_dir / "engine.lock"))
     try:
+        state_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=wait_s)
+    except PermissionError as error:  # the state folder is root's
+        raise click.ClickException(f"cannot take the engine lock in {state_dir} ({error.strerror}): engine changes "
+                                   "need root on the node (sudo opsctl ...); nothing was changed") from None
     except Timeout:
         raise click.ClickException(f"another engine change is in progress ({holder(state_dir) or 'unknown'}); wait "
                                    "for it to finish, or pass --wait-lock SECONDS to queue behind it") from None

@@ -512,7 +512,9 @@ def rule_recommendation(incident: Incident) -> Recommendation:
     if c == STARTUP:
         if incident.kind == "startup_no_kv_memory":
             m = _RAISE_ABOVE.search(" ".join(incident.lines))
-            target = float(m[1]) if m else (round(fraction + 0.01, 3) if fraction is not None else None)
+            target = float(m[1]) if m else None
+            if fraction is not None and (target is None or target <= fraction):  # never "raise" to where it failed
+                target = round(fraction + 0.01, 3)
             return Recommendation(
                 "raise --mem-fraction-static: the weights leave no room for the KV pool",
                 [Setting(target, chunk, config.expandable_segments, "the smallest fraction that leaves a pool")],

@@ -95,8 +95,11 @@ ProgressCallback = Callable[[str, float], None]
 
 def usual_start_seconds(config: NodeConfig) -> float | None:
     """The median of earlier successful starts on this node, for the progress estimate."""
-    durations = [r["start_seconds"] for r in read_records(history_file(config))
-                 if r.get("outcome") == "ok" and r.get("start_seconds")]
+    try:
+        records = read_records(history_file(config))
+    except OSError:  # (a user who may not read the history: the estimate is a nicety)
+        return None
+    durations = [r["start_seconds"] for r in records if r.get("outcome") == "ok" and r.get("start_seconds")]
     return statistics.median(durations[-10:]) if durations else None
 
 
@@ -305,8 +308,13 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
         change = {"actor": actor(), "reason": reason, "from": dataclasses.asdict(before),
                   "to": dataclasses.asdict(after)}
         append_record(history, {"event": "restart", "outcome": "started", **change})
-        write_override_text(config.override_env_file,
-                            render_overrides(overrides, config.env_file, actor(), reason))
+        try:
+            write_override_text(config.override_env_file,
+                                render_overrides(overrides, config.env_file, actor(), reason))
+        except OSError as error:  # written atomically: the old file is still whole and in force
+            append_record(history, {"event": "restart", "outcome": "refused", "why": str(error), **change})
+            raise click.ClickException(f"cannot write {config.override_env_file} ({error.strerror}); nothing was "
+                                       "changed and the engine was not restarted") from None
         try:
             attempt = start_and_wait(config, budget_s, progress)
         except BaseException as error:  # systemctl or journald failing, a timeout, Ctrl-C, SIGTERM

@@ -6,11 +6,12 @@
     opsctl guard resume --reason TEXT   act again; lifts a stop and starts a new hour of budget
 
 Exit codes of `status`: 0 watching, 1 paused or acting, 2 stopped (an alert was raised) or not
-running, 3 never ran on this node.
+running, 3 never ran on this node, or its files cannot be read (they are root's).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -22,6 +23,23 @@ from rich.table import Table
 from opsctl.config import load_config
 from opsctl.guard.state import GuardStore, summary
 from opsctl.output import console, err_console, print_json
+
+
+def reads_root_files(exit_code: int = 1):
+    """A command over the guard's files, which are root's: a user who may not read them is told
+    so, with the command's exit code for "not known", instead of a traceback."""
+    def wrap(command):
+        @functools.wraps(command)
+        def run(*args, **kwargs):
+            try:
+                return command(*args, **kwargs)
+            except PermissionError as error:
+                failure = click.ClickException(f"{error.filename or 'the state folder'}: {error.strerror}; the "
+                                               "guard's files are root's: run this as root on the node (sudo opsctl guard ...)")
+                failure.exit_code = exit_code
+                raise failure from None
+        return run
+    return wrap
 
 
 @click.group()
@@ -52,6 +70,7 @@ def _values(values: dict[str, Any] | None) -> str:
 
 @guard.command("status")
 @click.option("--json", "json_", is_flag=True, help="Print one JSON document.")
+@reads_root_files(exit_code=3)
 def guard_status(json_: bool) -> None:
     """Show what the guard is doing, its budget, its last step and the last config that served."""
     report = summary(load_config())
@@ -105,6 +124,7 @@ def _describe(record: dict[str, Any]) -> str:
 @click.option("-n", "--last", "last", type=click.IntRange(min=1), default=50, show_default=True,
               help="How many of the latest records to show.")
 @click.option("--json", "json_", is_flag=True, help="Print the records as a JSON list.")
+@reads_root_files()
 def guard_history(last: int, json_: bool) -> None:
     """Show the guard's audit log: incidents, decisions, actions, outcomes, stops."""
     records = GuardStore.for_config(load_config()).records()[-last:]
@@ -119,6 +139,7 @@ def guard_history(last: int, json_: bool) -> None:
 
 @guard.command("pause")
 @click.option("--reason", required=True, help="Why (recorded in the audit log and shown by status).")
+@reads_root_files()
 def guard_pause(reason: str) -> None:
     """Stop the guard from acting until `opsctl guard resume` (it keeps running)."""
     if GuardStore.for_config(load_config()).pause(reason):
@@ -131,6 +152,7 @@ def guard_pause(reason: str) -> None:
 @click.option("--reason", default="operator resume", show_default=True, help="Recorded in the audit log.")
 @click.option("--pause-only", is_flag=True,
               help="Lift only a pause: a stop and the spent budget stay (what a rollout that paused the guard uses).")
+@reads_root_files()
 def guard_resume(reason: str, pause_only: bool) -> None:
     """Let the guard act again: lifts a pause or a stop and starts a new hour of budget."""
     before = GuardStore.for_config(load_config()).resume(reason, pause_only=pause_only)

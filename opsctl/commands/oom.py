@@ -8,8 +8,6 @@ journalctl -u sglang.service | opsctl oom --file -
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import click
 from rich.table import Table
 
@@ -17,6 +15,7 @@ from opsctl import oom as oom_lib
 from opsctl.config import load_config
 from opsctl.output import console, err_console, print_json
 from opsctl.overrides import TunedValues, values_in_force
+from opsctl.restart import node_plan_inputs
 from opsctl.startup_log import GIB, EngineConfig
 
 EXIT_NONE_FOUND = 0
@@ -148,7 +147,9 @@ def oom(
     spike, fragmentation, KV pool / startup allocation, host memory, not memory).
 
     Reading the journal on the node, the values the log does not say (expandable_segments never
-    appears in it) come from the node's env files, as the guard reads them; flags win.
+    appears in it) come from the node's env files, as the guard reads them; flags win. Where the
+    log holds an engine start that logged its pool size, each advice is checked by the memory
+    planner: its KV pool in tokens against the node's context target, and whether the spike fits.
 
     Exit status: 0 none found, 1 incidents found (or the journal could not be read),
     2 usage error.
@@ -160,11 +161,11 @@ def oom(
             "use a positive chunk size, or -1 for chunking disabled", param_hint="--chunked-prefill-size"
         )
     flags = TunedValues(fraction, chunk, expandable_segments)
-    lines: Iterable[str]
+    config = load_config()  # (off the node: the defaults, the model preset and the context target)
+    lines: list[str]
     if file_ is not None:
         lines = _read_file(file_)
     else:
-        config = load_config()
         flags = flags.merged_over(values_in_force(config.env_file, config.override_env_file))
         try:
             lines = list(oom_lib.read_journal(unit or config.unit, since))
@@ -173,6 +174,13 @@ def oom(
     hint = EngineConfig(mem_fraction_static=flags.mem_fraction_static, chunked_prefill_size=flags.chunked_prefill_size,
                         expandable_segments=flags.expandable_segments)
     incidents = oom_lib.analyze(lines, hint)
+    # Where the log holds an engine start that sized its pool, the planner, calibrated from it,
+    # checks each advice against the context target (and adds its own choice if none holds it).
+    inputs = node_plan_inputs(config, lines)
+    if inputs is not None:
+        for incident in incidents:
+            if incident.recommendation is not None:
+                incident.recommendation = oom_lib.recommend(incident, inputs, config.context_target)
     if json_:
         print_json({"incidents": incidents, "count": len(incidents)})
     elif not incidents:

@@ -92,7 +92,11 @@ def _outcome_json(outcome: RestartOutcome) -> dict:
 
 def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: float | None, wait_lock_s: float,
                 json_: bool, replace: bool = False) -> None:
-    config = load_config()
+    try:
+        config = load_config()
+    except click.ClickException as error:  # nothing was changed
+        error.exit_code = EXIT_REFUSED
+        raise
     budget = budget_s or config.start_timeout_s
     progress = _Progress(usual_start_seconds(config))
     err_console.print(f"restarting {config.unit} ({reason})")

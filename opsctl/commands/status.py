@@ -129,7 +129,9 @@ def collect(timeout_s: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         incidents = []
         problems.append((UNKNOWN, "journalctl did not answer within 10 s: the last crash is not known"))
-    last = incidents[-1] if incidents else None
+    # (a full KV pool retracts requests by the thousand under load: it is no crash, and would hide one)
+    crashes = [incident for incident in incidents if incident.kind != "kv_pool_full"]
+    last = crashes[-1] if crashes else None
     last_incident = None if last is None else {
         "time": last.time, "kind": last.kind, "classification": last.classification,
         "action": last.recommendation.action if last.recommendation else None}
@@ -138,8 +140,12 @@ def collect(timeout_s: float) -> dict[str, Any]:
     if verify["problem"]:
         problems.append((WARNING, verify["problem"]))
 
-    guard = guard_summary(config)
-    if guard["problem"]:
+    try:
+        guard = guard_summary(config)
+    except OSError as error:  # e.g. not root: the state folder is root's
+        guard = {"state": "unknown", "problem": f"the guard's state cannot be read: {error}"}
+        problems.append((UNKNOWN, guard["problem"]))
+    if guard["problem"] and guard["state"] != "unknown":
         problems.append((WARNING, guard["problem"]))
     gpus = gpu_summary()
     if isinstance(gpus, str) and gpus.endswith(NVIDIA_SMI_HUNG):

@@ -29,6 +29,7 @@ import re
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ from opsctl import journal, locking, oom, planner
 from opsctl.config import NodeConfig
 from opsctl.guard import policy
 from opsctl.guard.alert import raise_alert
-from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, held, values_dict, values_from
+from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, held, unalerted_damage, values_dict, values_from
 from opsctl.overrides import TunedValues, read_override_text, values_in_force
 from opsctl.restart import FATAL_MARKERS, PLANNER_JOURNAL_LINES, PLANNER_JOURNAL_TIMEOUT_S, node_plan_inputs, restart
 from opsctl.startup_log import EngineConfig
@@ -532,6 +533,9 @@ class Watcher:
             while not self.stopping.is_set():
                 now = time.monotonic()
                 state = self.store.load()
+                if (reason := unalerted_damage(state)) is not None:
+                    self.guard.stop(reason, None)  # the alert; the damaged file is kept aside
+                    continue
                 lines = self.follower.new_lines()
                 unit = self.node.unit()
                 self._unit_active = unit.active_state == "active"
@@ -562,6 +566,10 @@ class Watcher:
                     self._tick(lines, unit, now)
                 except click.ClickException as error:  # e.g. a tuned value in an env file that is not a number
                     self.guard.stop(f"the guard cannot judge the engine: {error.message}", None)
+                except Exception as error:  # a bug of ours: stop acting, and say so, rather than die unheard
+                    traceback.print_exc()  # (into the guard's journal)
+                    self.guard.stop(f"the guard failed while judging the engine ({type(error).__name__}: "
+                                    f"{error}); its traceback is in the guard's journal", None)
                 time.sleep(TICK_S)
         finally:
             self.prober.stopping.set()

@@ -55,6 +55,26 @@ def empty_state() -> dict[str, Any]:
     }
 
 
+DAMAGED = "_damaged"  # in a loaded state only, never written: the file could not be read
+
+
+def damaged_state(state_file: Path, error: Exception) -> dict[str, Any]:
+    """What an unreadable state file stands for: a stopped guard. The pause, the stop and the
+    spent budget it held are unknown, so the guard must not act until a person has looked."""
+    reason = (f"{state_file} is damaged ({error}); the guard acts again after `opsctl guard resume`, "
+              "once someone has checked the engine")
+    return empty_state() | {"status": STOPPED, DAMAGED: str(error),
+                            "stopped": {"reason": reason, "at": time.time(), "alert_id": None, "damaged": True}}
+
+
+def unalerted_damage(state: dict[str, Any]) -> str | None:
+    """The reason of a stop that a damaged state file made and no alert has announced yet."""
+    stopped = state["stopped"]
+    if state["status"] == STOPPED and stopped and stopped.get("damaged") and stopped.get("alert_id") is None:
+        return stopped["reason"]
+    return None
+
+
 def held(state: dict[str, Any]) -> str | None:
     """Why the guard must not act (paused or stopped), from its state, or None."""
     if state["paused"]:
@@ -87,17 +107,27 @@ class GuardStore:
         state = empty_state()
         if self.state_file.exists():
             try:
-                state.update(json.loads(self.state_file.read_text()))
-            except (json.JSONDecodeError, OSError):
-                pass  # atomic writes make this a file someone else broke; start from defaults
+                saved = json.loads(self.state_file.read_text())
+                if not isinstance(saved, dict):
+                    raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+            except ValueError as error:  # (JSONDecodeError too) atomic writes: someone else broke it
+                return damaged_state(self.state_file, error)
+            state.update(saved)
         return state
 
     @contextlib.contextmanager
     def update(self) -> Iterator[dict[str, Any]]:
-        """Read, change and write the state file under its lock (the daemon and the CLI share it)."""
+        """Read, change and write the state file under its lock (the daemon and the CLI share it).
+        A damaged file is kept aside, not overwritten, and the move is audited."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             state = self.load()
+            damaged = state.pop(DAMAGED, None)
+            if damaged is not None:
+                kept = self.state_file.with_name(f"{STATE_FILE}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+                self.state_file.replace(kept)
+                state["stopped"]["damaged"] = str(kept)
+                self.audit("state-file-damaged", error=damaged, kept=str(kept))
             yield state
             atomic_write(self.state_file, json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o644)
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +10,7 @@ from opsctl import oom
 from opsctl.config import GuardConfig, NodeConfig
 from opsctl.guard import policy
 from opsctl.guard.daemon import ApplyResult, Guard, death_from
-from opsctl.guard.state import GuardStore, summary
+from opsctl.guard.state import STOPPED, GuardStore, held, summary, unalerted_damage
 from opsctl.overrides import TunedValues
 from opsctl.systemd import UnitState
 
@@ -163,6 +164,34 @@ def test_pause_and_resume(setup):
     assert store.load()["paused"] is None
 
 
+@pytest.mark.parametrize("damage", [lambda text: text[:-20], lambda text: "", lambda text: "[1, 2]"],
+                         ids=["torn", "empty", "not-an-object"])
+def test_a_damaged_state_file_stops_the_guard_and_is_kept(setup, damage):
+    """A broken state file no longer reads as a fresh one (no pause, no stop, the budget unspent):
+    the guard is stopped until someone resumes it, the broken file is kept aside and the move
+    audited, and the guard's first stop raises the alert."""
+    config, store, make, alerts = setup
+    store.pause("maintenance")
+    with store.update() as state:
+        state["remediations"] = [time.time()] * 4  # the hour's budget spent
+    broken = damage(store.state_file.read_text())
+    store.state_file.write_text(broken)
+    state = store.load()
+    assert state["status"] == STOPPED and held(state) and "is damaged" in state["stopped"]["reason"]
+    assert "is damaged" in summary(config)["problem"]
+    reason = unalerted_damage(state)
+    assert reason is not None and "opsctl guard resume" in reason
+    _, guard = make([])
+    guard.stop(reason, None)  # what the watcher does on seeing it
+    assert alerts == [reason] and unalerted_damage(store.load()) is None
+    kept = list(store.state_dir.glob("guard-state.json.damaged-*"))
+    assert len(kept) == 1 and kept[0].read_text() == broken
+    assert [r["event"] for r in store.records()][-2:] == ["state-file-damaged", "stopped"]
+    assert store.load()["status"] == STOPPED  # now on disk, readable
+    store.resume("checked the engine")
+    assert held(store.load()) is None
+
+
 def _backoff_pending(store):
     """One remediation a moment ago: the next step waits for a backoff first."""
     with store.update() as state:
@@ -273,3 +302,24 @@ def test_a_step_that_could_not_be_carried_out_is_tried_again_not_passed_over(set
     guard.on_death(policy.Death(oom.FRAGMENTATION, "cuda_oom"), {})
     assert node.applied == [TunedValues(expandable_segments=True)] * 2
     assert store.load()["failed"] == [] and store.records()[-1]["outcome"] == "ok"
+
+
+@pytest.mark.parametrize("args, code", [(["status"], 3), (["status", "--json"], 3), (["pause", "--reason", "x"], 1),
+                                        (["resume"], 1), (["history"], 1)])
+def test_guard_commands_of_a_user_who_may_not_read_its_files_say_so(tmp_path, monkeypatch, node_config, args, code):
+    """The state folder is root's: `opsctl guard ...` as another user says to run it as root, with
+    status's exit code for "not known" (3), not a traceback."""
+    from click.testing import CliRunner
+
+    from opsctl.cli import cli
+
+    node_config()
+
+    def not_root(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "state" / "guard-state.json"))
+    for name in ("load", "update", "records"):
+        monkeypatch.setattr(GuardStore, name, not_root)
+    monkeypatch.setattr(Path, "exists", not_root)  # Python 3.11's exists() raises on EACCES
+    result = CliRunner().invoke(cli, ["guard", *args])
+    assert result.exit_code == code and "Traceback" not in result.output, result.output
+    assert "guard-state.json: Permission denied" in result.output and "sudo opsctl guard" in result.output

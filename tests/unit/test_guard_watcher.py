@@ -102,8 +102,9 @@ class RecordingGuard:
         pass
 
     def stop(self, reason, death):
-        with self.store.update() as state:
+        with self.store.update() as state:  # as the real guard does, the alert's id included
             state["status"] = STOPPED
+            state["stopped"] = {"reason": reason, "at": time.time(), "alert_id": "test"}
         self.stops.append(reason)  # after the state, which the test reads once it sees this
 
     def on_death(self, death, seen):
@@ -188,6 +189,30 @@ def test_a_death_the_guard_cannot_judge_stops_it_and_the_loop_lives_on(watcher):
     assert "SGLANG_MEM_FRACTION_STATIC='0,94' is not a number" in guard.stops[0]
     assert store.load()["status"] == STOPPED
     wait_for_passes(node)  # still looping
+
+
+def test_a_bug_while_judging_a_death_stops_the_guard_with_an_alert_and_the_loop_lives_on(watcher, capfd):
+    """Anything else that goes wrong in a decision (a bug of ours): the guard stops acting and says
+    why (guard.stop raises the alert), with the traceback in its journal, rather than dying unheard
+    and being restarted by systemd with the death forgotten."""
+    journal, node, guard, store = watcher
+    guard.death_error = KeyError("mem_fraction_static")
+    journal.write(*SERVING_OOM)
+    node.active = False
+    assert wait_until(lambda: guard.stops), "the loop did not stop the guard"
+    assert "KeyError: 'mem_fraction_static'" in guard.stops[0] and "traceback" in guard.stops[0]
+    assert store.load()["status"] == STOPPED
+    assert "Traceback" in capfd.readouterr().err
+    wait_for_passes(node)  # still looping
+
+
+def test_a_damaged_state_file_is_announced_once(watcher):
+    journal, node, guard, store = watcher
+    store.state_file.write_text('{"status": "watching", "paused": {"by"')
+    assert wait_until(lambda: guard.stops), "the watcher did not stop the guard"
+    assert "is damaged" in guard.stops[0]
+    wait_for_passes(node, passes=3)
+    assert len(guard.stops) == 1
 
 
 def test_the_heartbeat_goes_on_while_the_guard_acts_on_a_death(tmp_path, monkeypatch):

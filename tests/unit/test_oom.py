@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,29 @@ def test_cli_seed_file_exit_1_and_text():
     assert "tried 896.00 MiB, free 893.38 MiB of 94.97 GiB" in result.output
     assert "recommend --mem-fraction-static 0.93 + --chunked-prefill-size 4096 + expandable_segments:True" in result.output
     assert "or --mem-fraction-static 0.94 + --chunked-prefill-size 4096 + expandable_segments:True" in result.output
+
+
+def test_cli_checks_its_advice_with_the_planner_when_the_log_holds_a_sized_start(tmp_path, monkeypatch):
+    """The seed's node log (a start that logged its pool, then the 32k OOM): each advice shows its
+    pool against the 200k target, as the seed's operator had to work out by hand (0.93 holds
+    97.5% of it)."""
+    monkeypatch.setenv("OPSCTL_CONFIG", str(tmp_path / "none.yml"))  # off the node: the defaults
+    result = CliRunner().invoke(oom_command, ["--file", str(FIXTURES / "seed_node.log")], terminal_width=250)
+    assert result.exit_code == 1
+    assert "recommend --mem-fraction-static 0.93 + --chunked-prefill-size 4096 + expandable_segments:True -> 195,011 tokens, spike fits" in result.output
+    assert "note: 0.93 holds 195,011 tokens, 97.5% of the 200,000 target" in result.output
+    # without a sized start in view the advice stands unchecked
+    plain = CliRunner().invoke(oom_command, ["--file", str(FIXTURES / "seed_journal.log"), "--mem-fraction-static",
+                                             "0.94"], terminal_width=250)
+    assert "recommend --mem-fraction-static 0.93" in plain.output and not re.search(r"-> [\d,]+ tokens", plain.output)
+
+
+def test_a_no_kv_start_is_never_advised_to_raise_to_where_it_failed():
+    line = ("[2026-05-31 10:00:00] ValueError: Loaded weights leave no GPU memory for the KV cache under "
+            "--mem-fraction-static=0.9. Raise --mem-fraction-static above 0.9 (minimum viable = 0.8996).")
+    [incident] = oom.analyze([line], EngineConfig(mem_fraction_static=0.9))
+    assert incident.kind == "startup_no_kv_memory"
+    assert incident.recommendation.settings[0].fraction == 0.91
 
 
 def test_cli_json_from_stdin():

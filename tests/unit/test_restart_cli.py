@@ -47,6 +47,37 @@ def test_restart_refuses_while_another_change_holds_the_lock(node):
     assert "opsctl-guard: remediation" in result.output
 
 
+def test_a_user_who_may_not_take_the_lock_is_refused_with_what_to_do(node, monkeypatch):
+    """Not root: the state folder is root's (0750). A refusal (exit 2: nothing changed), not a
+    traceback with exit 1, which reads as "rolled back"."""
+    from opsctl import locking
+
+    class RootsLock:
+        def __init__(self, path):
+            self.path = path
+
+        def acquire(self, timeout):
+            raise PermissionError(13, "Permission denied", self.path)
+    monkeypatch.setattr(locking, "FileLock", RootsLock)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.92"])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "need root on the node (sudo opsctl ...)" in result.output and "nothing was changed" in result.output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+
+
+def test_an_override_file_that_cannot_be_written_is_refused_and_recorded(node, monkeypatch):
+    from opsctl import restart as restart_module
+
+    def read_only(path, text):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(restart_module, "write_override_text", read_only)
+    starts = _fake_starts(monkeypatch, node, True)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.92"])
+    assert result.exit_code == 2 and "nothing was changed and the engine was not restarted" in result.output
+    assert starts == [] and (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    assert [r["outcome"] for r in _history(node)] == ["started", "refused"]
+
+
 ORIGINAL_OVERRIDE = "# Managed by opsctl\nSGLANG_MEM_FRACTION_STATIC=0.94\n"
 
 

@@ -20,6 +20,34 @@ def test_an_unreadable_config_is_unknown_with_a_reason(tmp_path, monkeypatch):
     assert human.exit_code == 3 and "UNKNOWN" in human.output and "not valid YAML" in human.output
 
 
+def test_an_unknown_model_preset_is_refused_with_what_to_do(tmp_path, monkeypatch):
+    """A typo or a new model in opsctl_model_preset: every command says so up front (the guard
+    would otherwise meet it in the middle of its first decision)."""
+    from opsctl.model_shapes import PRESETS
+
+    config = tmp_path / "opsctl.yml"
+    config.write_text("model_preset: kimi-k2.5\n")
+    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.93"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "model_preset 'kimi-k2.5' is not a preset" in result.output and "opsctl_model_preset" in result.output
+    report = json.loads(CliRunner().invoke(cli, ["status", "--json"]).output)
+    assert report["level"] == "UNKNOWN" and "kimi-k2.5" in report["problems"][0]
+    config.write_text("model_preset: DeepSeek-V3\n")  # presets are matched without case
+    from opsctl.config import load_config
+    assert load_config().model_preset == "DeepSeek-V3" and "deepseek-v3" in PRESETS
+
+
+def test_the_roles_preset_choices_are_the_planners_presets():
+    import yaml
+
+    from opsctl.model_shapes import PRESETS
+    from opsctl.render import REPO_ROOT
+
+    specs = yaml.safe_load((REPO_ROOT / "ansible/roles/opsctl/meta/argument_specs.yml").read_text())
+    assert specs["argument_specs"]["main"]["options"]["opsctl_model_preset"]["choices"] == sorted(PRESETS)
+
+
 def test_gpu_fields_nvidia_smi_cannot_give_are_none(tmp_path, monkeypatch):
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\necho '0, NVIDIA RTX PRO 6000 Blackwell, [N/A], 97887, [Not Supported]'\n")
@@ -230,3 +258,38 @@ def test_a_gpu_process_counts_once_and_a_check_that_could_not_start_counts_as_fa
     assert checks[2]["passed"]
     (problem,) = report["problems"]
     assert "failed its self-check on 2 of 3" in problem and "TP0, TP1" in problem
+
+
+def test_a_retraction_after_a_crash_does_not_hide_the_crash(tmp_path, monkeypatch, node_config):
+    """A full KV pool retracts requests under load (no crash): the last crash shown is still the
+    seed's OOM before it."""
+    from pathlib import Path
+
+    node_config()
+    dead_engine(monkeypatch)
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "oom"
+    crash = (fixtures / "seed_journal.log").read_text().splitlines()
+    retraction = (fixtures / "kv_pool.log").read_text().splitlines()[:1]
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines: crash + retraction)
+    report = json.loads(CliRunner().invoke(cli, ["status", "--json"]).output)
+    assert report["last_incident"]["kind"] != "kv_pool_full"
+    assert report["last_incident"]["classification"] in ("activation_spike", "fragmentation")
+
+
+def test_a_guard_state_this_user_cannot_read_still_reports_a_dead_engine_as_critical(tmp_path, monkeypatch,
+                                                                                      node_config):
+    """The state folder is root's (0750): a monitoring agent's check sees the engine as it is and
+    the guard as not known, not one UNKNOWN line for everything."""
+    node_config()
+    dead_engine(monkeypatch)
+
+    def cannot_read(config, now=None):
+        raise PermissionError(13, "Permission denied", "/var/lib/opsctl/guard-state.json")
+    monkeypatch.setattr(status, "guard_summary", cannot_read)
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    report = json.loads(result.output)
+    assert result.exit_code == 2 and report["level"] == "CRITICAL"
+    assert report["guard"]["state"] == "unknown"
+    assert any("the guard's state cannot be read" in p and "Permission denied" in p for p in report["problems"])
+    human = CliRunner().invoke(cli, ["status"])
+    assert human.exit_code == 2 and "guard" in human.output and "unknown" in human.output
