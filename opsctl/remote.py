@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 import click
@@ -52,14 +54,25 @@ def split_target_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return target, rest
 
 
-def _from_inventory(inventory: str, host: str) -> str:
+def _ansible_inventory() -> str:
+    """ansible-inventory of the Python environment opsctl runs in (a venv need not be activated),
+    else the one on PATH."""
+    beside = Path(sys.executable).parent / "ansible-inventory"
+    return str(beside) if beside.is_file() else (shutil.which("ansible-inventory") or "ansible-inventory")
+
+
+def _from_inventory(inventory: str, host: str, args: list[str]) -> str:
     try:
-        result = subprocess.run(["ansible-inventory", "-i", inventory, "--host", host],
+        result = subprocess.run([_ansible_inventory(), "-i", inventory, "--host", host],
                                 capture_output=True, text=True, check=False, timeout=60)
+    except FileNotFoundError:
+        raise _unreached(args, "ansible-inventory is not installed here: it finds -l's host in the inventory "
+                               "(install opsctl's dev extra, or give the node as -H ssh://HOST)") from None
     except subprocess.TimeoutExpired as exc:
-        raise click.ClickException(f"ansible-inventory -i {inventory} did not answer within 60 s") from exc
+        raise _unreached(args, f"ansible-inventory -i {inventory} did not answer within 60 s") from exc
     if result.returncode != 0:
-        raise click.ClickException(f"host {host} not found in {inventory}: {result.stderr.strip().splitlines()[-1:]}")
+        why = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise _unreached(args, f"host {host} not found in {inventory}: {why}")
     hostvars = json.loads(result.stdout)
     address = hostvars.get("ansible_host", host)
     if hostvars.get("ansible_connection", "ssh").endswith("docker"):
@@ -69,13 +82,13 @@ def _from_inventory(inventory: str, host: str) -> str:
     return f"ssh://{user + '@' if user else ''}{address}{':' + str(port) if port else ''}"
 
 
-def _target_url(target: dict[str, str]):
+def _target_url(target: dict[str, str], args: list[str]):
     """The target as a parsed docker:// or ssh:// URL (a bare HOST is ssh)."""
     if "limit" in target and "inventory" not in target:
         raise click.UsageError("-l/--limit needs -i/--inventory")
     if "inventory" in target and "limit" not in target and "host" not in target:
         raise click.UsageError("-i/--inventory needs -l/--limit HOST: the inventory host to run on")
-    url = target.get("host") or _from_inventory(target["inventory"], target.get("limit", ""))
+    url = target.get("host") or _from_inventory(target["inventory"], target.get("limit", ""), args)
     parsed = urlparse(url if "://" in url else f"ssh://{url}")
     if parsed.scheme not in ("docker", "ssh"):
         raise click.UsageError(f"unknown target {url!r}: use docker://CONTAINER or ssh://[USER@]HOST[:PORT]")
@@ -84,7 +97,7 @@ def _target_url(target: dict[str, str]):
 
 def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
     """The local command that runs `opsctl ARGS` on the target node."""
-    return _command(_target_url(target), args)
+    return _command(_target_url(target, args), args)
 
 
 def _command(parsed, args: list[str]) -> list[str]:
@@ -113,7 +126,7 @@ def _unreached(args: list[str], message: str) -> click.ClickException:
 
 
 def run_remote(target: dict[str, str], args: list[str]) -> int:
-    parsed = _target_url(target)
+    parsed = _target_url(target, args)
     command = _command(parsed, args)
     try:
         if parsed.scheme == "docker":  # docker exec's own failure (exit 1) would pass for the node's answer

@@ -10,6 +10,7 @@ values; 2 usage errors, or the playbook refused the change before touching any n
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -153,6 +154,11 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     argv = ro.playbook_command(inventory=Path(inventory).resolve(), limit=limit, change=change, name=name,
                                state_dir=state_dir, batch=batch, check=check, resume=resume,
                                playbook_dir=playbook_dir)
+    if not Path(argv[0]).is_file():
+        error = click.ClickException(f"{argv[0]} not found: opsctl runs its own environment's ansible-playbook; "
+                                     "install opsctl with its dev extra (pip install 'opsctl[dev]') there")
+        error.exit_code = ro.EXIT_USAGE
+        raise error
     values = ", ".join(f"{k}={v}" for k, v in change.extra_vars().items()) or "inventory values"
     err_console.print(f"rollout {name}: {values}"
                       f" on {limit} ({inventory}), {batch} node(s) at a time{' [check]' if check else ''}")
@@ -161,7 +167,10 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     # be read as this run's
     earlier_run = (ro.read_json(run_dir / "plan.json") or {}).get("run")
     log_path = run_dir / ("check.log" if check else "ansible.log")
-    with log_path.open("w") as log:
+    # appended: a resumed run keeps the log of the run that failed before it
+    with log_path.open("a") as log:
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {'resume' if resume else 'run'}: {shlex.join(argv)}\n")
+        log.flush()
         process = subprocess.Popen(argv, cwd=playbook_dir, env=ro.playbook_env(), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
         try:

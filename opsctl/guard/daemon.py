@@ -182,19 +182,26 @@ class Guard:
         now = self.clock()
         blind = step.rung == policy.AS_IS if blind is None else blind
         with self.store.update() as state:
-            step_id = state["next_id"]
-            state["next_id"] = step_id + 1
-            state["status"] = ACTING
-            state["remediations"].append(now)
-            if blind:
-                state["blind_restarts"].append(now)
-            # (the override file as it is before the step: a guard killed after the step wrote its
-            # file rolls back to this, not to the step's own values, when it finishes the step)
-            state["pending"] = {"id": step_id, "phase": "decided", "action": step.action, "rung": step.rung,
-                                "why": step.why, "death": dataclasses.asdict(death), "from": values_dict(current),
-                                "to": values_dict(step.to), "decided_at": now, "attempts": 0, "blind": blind,
-                                "override_before": self.node.override_text()}
-            pending = dict(state["pending"])
+            # a pause (an operator's, or a rollout's) that came while the step was being decided
+            # wins: checked under the state file's lock, where `guard pause` writes it
+            why = held(state)
+            if why is None:
+                step_id = state["next_id"]
+                state["next_id"] = step_id + 1
+                state["status"] = ACTING
+                state["remediations"].append(now)
+                if blind:
+                    state["blind_restarts"].append(now)
+                # (the override file as it is before the step: a guard killed after the step wrote its
+                # file rolls back to this, not to the step's own values, when it finishes the step)
+                state["pending"] = {"id": step_id, "phase": "decided", "action": step.action, "rung": step.rung,
+                                    "why": step.why, "death": dataclasses.asdict(death), "from": values_dict(current),
+                                    "to": values_dict(step.to), "decided_at": now, "attempts": 0, "blind": blind,
+                                    "override_before": self.node.override_text()}
+                pending = dict(state["pending"])
+        if why is not None:
+            self.store.audit("deferred", why=why, dropped_step=step.why)
+            return ApplyResult(False, "deferred", f"{why}; the step decided meanwhile was dropped")
         self._audit_decision(pending)
         return self._act(pending)
 

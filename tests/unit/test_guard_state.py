@@ -89,6 +89,26 @@ def test_oom_step_is_recorded_in_order(setup):
     assert node.applied == [TunedValues(expandable_segments=True)]
 
 
+def test_a_pause_that_comes_while_a_step_is_decided_wins(setup, monkeypatch):
+    """Deciding can take a minute (the planner reads 200k journal lines): a pause that comes
+    meanwhile, from an operator or a rollout about to restart the engine, drops the step; it is
+    checked under the state file's lock, where the pause is written."""
+    config, store, make, _ = setup
+    node, guard = make([ApplyResult(True, "ok", "healthy", 3.0)])
+    decide = policy.decide
+
+    def slow_decide(*args, **kwargs):
+        store.pause("rollout fraction-0.93")
+        return decide(*args, **kwargs)
+    monkeypatch.setattr(policy, "decide", slow_decide)
+    guard.on_death(policy.Death(oom.FRAGMENTATION, "cuda_oom"), {})
+    assert node.applied == []
+    assert [r["event"] for r in store.records()] == ["incident", "paused", "deferred"]
+    assert "rollout fraction-0.93" in store.records()[-1]["why"]
+    state = store.load()
+    assert state["pending"] is None and state["remediations"] == [] and state["next_id"] == 1
+
+
 def _kill_mid_step(make, store):
     """Run a step whose restart never returns (the guard is killed inside it)."""
     node, guard = make([])

@@ -219,6 +219,26 @@ def test_a_missing_transport_is_a_clear_error(monkeypatch, capsys):
     assert exit_.value.code == 3 and "ssh is not installed here" in capsys.readouterr().err  # status: UNKNOWN
 
 
+def test_an_inventory_host_that_cannot_be_found_is_unknown_to_status(monkeypatch, tmp_path, capsys):
+    """-i/-l: ansible-inventory is the one beside opsctl's Python (no activated venv needed); a
+    host it does not know, or no ansible-inventory at all, is UNKNOWN (3) to a check."""
+    import sys
+
+    from opsctl import cli as cli_module
+
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    dflash-train:\n      ansible_connection: community.docker.docker\n")
+    monkeypatch.setenv("PATH", "")  # found beside sys.executable, not on PATH
+    monkeypatch.setattr("sys.argv", ["opsctl", "-i", str(inventory), "-l", "nosuch", "status"])
+    with pytest.raises(SystemExit) as exit_:
+        cli_module.main()
+    assert exit_.value.code == 3 and "host nosuch not found in" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # no ansible-inventory beside it either
+    with pytest.raises(SystemExit) as exit_:
+        cli_module.main()
+    assert exit_.value.code == 3 and "ansible-inventory is not installed here" in capsys.readouterr().err
+
+
 def test_a_node_that_was_not_reached_is_unknown_to_status(monkeypatch, capsys):
     """docker exec into a stopped container exits 1 (WARNING to a check), ssh's failures 255."""
     from opsctl import remote

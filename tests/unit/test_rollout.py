@@ -1,6 +1,7 @@
 """opsctl rollout: the playbook command, progress parsing, summaries and exit codes (no nodes)."""
 
 import json
+import re
 import signal
 import sys
 from pathlib import Path
@@ -157,7 +158,26 @@ def test_cli_stopped_rollout_exits_1_with_summary(fake_playbook):
     assert (data["done"], data["rolled_back"], data["not_reached"]) == (["n1"], ["n2"], ["n3"])
     state = ansible / "inventories" / ".rollout" / "lab"
     assert json.loads((state / "fraction-0.93.json").read_text())["exit_code"] == 1
-    assert (state / "fraction-0.93" / "ansible.log").read_text().startswith("{")
+    log = (state / "fraction-0.93" / "ansible.log").read_text().splitlines()
+    assert log[0].startswith("=== ") and " run: " in log[0] and log[1].startswith("{")
+    # a resumed run appends: the log of the run that stopped is still there
+    popen.results = {"n1": {"status": "done"}, "n2": {"status": "done"}, "n3": {"status": "done"}}
+    popen.rc = 0
+    resumed = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab"),
+                                       "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    log = (state / "fraction-0.93" / "ansible.log").read_text()
+    assert re.findall(r"^=== \S+ \S+ (\w+): ", log, re.MULTILINE) == ["run", "resume"]
+
+
+def test_cli_without_ansible_playbook_is_refused_before_anything(fake_playbook, monkeypatch, tmp_path):
+    import sys
+
+    ansible, _, calls = fake_playbook
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
+    assert result.exit_code == 2 and "ansible-playbook not found" in result.stderr and "opsctl[dev]" in result.stderr
+    assert calls == [] and not (ansible / "inventories" / ".rollout").exists()
 
 
 def test_cli_playbook_refusal_before_any_node_exits_2(fake_playbook):
