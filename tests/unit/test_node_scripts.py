@@ -5,9 +5,12 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 WAIT_HEALTHY = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "sglang" / "files" / "sglang-wait-healthy"
 CLOSED_PORT_URL = "http://127.0.0.1:9/health"  # discard port: nothing answers
@@ -26,6 +29,25 @@ def wait_healthy(budget_s: int, mainpid: int | None, timeout: float):
         env["MAINPID"] = str(mainpid)
     return subprocess.run(["sh", str(WAIT_HEALTHY), CLOSED_PORT_URL, str(budget_s)], env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+VERIFY_UNIT = WAIT_HEALTHY.parents[3] / "files" / "systemd-verify-unit"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
+@pytest.mark.parametrize("line, ok", [("RestartSec=5", True), ("RestartSec=-1", False), ("RestartSecc=5", False),
+                                      ("TimeoutStartSec=15min30x", False)],
+                         ids=["good", "negative", "typo", "bad-duration"])
+def test_the_unit_check_refuses_settings_systemd_would_ignore(tmp_path, line, ok):
+    """systemd-analyze verify exits 0 on a setting it cannot parse ("..., ignoring"): the unit
+    would run without it. The check the roles' `validate` runs fails it, naming the line."""
+    unit = tmp_path / "rendered"
+    unit.write_text(f"[Unit]\nDescription=x\n\n[Service]\nExecStart=/bin/true\n{line}\n")
+    result = subprocess.run(["sh", str(VERIFY_UNIT), str(unit), "probe.service"], capture_output=True, text=True,
+                            timeout=60)
+    assert (result.returncode == 0) == ok, result.stderr
+    if not ok:
+        assert re.search(r"probe\.service:6: ", result.stderr), result.stderr
 
 
 def test_gives_up_at_once_when_the_main_process_is_gone():
@@ -145,8 +167,8 @@ def test_the_rollout_restarts_under_opsctls_engine_lock(tmp_path, monkeypatch):
             pass
         return {"ok": True, "seconds": 1.0, "why": "healthy"}, 0
     monkeypatch.setattr(node, "restart_and_follow", restart_and_follow)
-    assert node.start("sglang.service", 60, str(tmp_path), 0, "rollout r1") == ({"ok": True, "seconds": 1.0,
-                                                                                 "why": "healthy"}, 0)
+    assert node.start("sglang.service", 60, str(tmp_path), 0, "rollout r1") == (
+        {"ok": True, "seconds": 1.0, "why": "healthy", "restarted": True}, 0)
     assert seen["holder"].startswith(f"rollout r1 (pid {os.getpid()}, since ")
     assert locking.holder(tmp_path) is None
     with locking.engine_lock(tmp_path, "opsctl restart"):  # free again
@@ -164,6 +186,6 @@ def test_the_rollout_waits_for_a_change_in_flight_then_gives_up(tmp_path, monkey
         started = time.monotonic()
         result, status = node.start("sglang.service", 60, str(tmp_path), 1.5, "rollout r1")
     assert time.monotonic() - started >= 1.5
-    assert status == 1 and not restarted and not result["ok"]
+    assert status == 1 and not restarted and not result["ok"] and result["restarted"] is False
     assert "another engine change is in progress (guard: oom remediation (pid" in result["why"]
     assert "nothing was restarted" in result["why"]
