@@ -35,7 +35,8 @@ va = importlib.import_module(".verify_attention", __package__)
 # scale or slice moves a row by far more than 2e-2.
 ROW_TOL = 2e-2
 # Prefix lengths of the checked batch: none (the draft block alone, where a wrong mask bit shows
-# most), part of one tile, and prefixes cut into many slices (at 132-188 SMs).
+# most), part of one tile, and prefixes cut into many slices (at 132-188 SMs). The last two, and
+# the last alone, are checked as batches of their own too (`_check`).
 DEFAULT_PREFIXES = (0, 37, 3000, 8000)
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek V3 / Kimi K2
 # An fp8 pool's scales, far from 1 so that a scale applied twice, or not at all, fails.
@@ -155,9 +156,13 @@ def _check(device, heads, kv_dtype, draft_len, prefixes, gen, serve, timeout_s) 
     q_probe = torch.empty(1, heads, va.D_LATENT, device=device, dtype=torch.bfloat16)
     cfg = va.plan(q_probe, len(prefixes), draft_len, kv_dtype=kv_dtype)[0]
     kernel = va.split_kernel(cfg, heads, fp8)[0].__name__
-    case = random_case(prefixes, draft_len, heads, kv_dtype, device, gen)
-    # DDTree's custom mask, then DFlash's chains; a NaN in either fails (max() would drop it)
-    errors = [_one_run(case, draft_len, chains, scales, serve, timeout_s) for chains in (False, True)]
+    # The batch, then its last two requests, then its last one alone: a lone request runs another
+    # path (no plan kernel; the merge counts its slices itself) and each batch size may take
+    # another merge tile, and the lone request is the latency-critical call.
+    cases = [random_case(subset, draft_len, heads, kv_dtype, device, gen)
+             for subset in dict.fromkeys((tuple(prefixes), tuple(prefixes[-2:]), tuple(prefixes[-1:])))]
+    # DDTree's custom mask, then DFlash's chains; a NaN in any fails (max() would drop it)
+    errors = [_one_run(case, draft_len, chains, scales, serve, timeout_s) for case in cases for chains in (False, True)]
     if any(math.isnan(e) for e in errors):
         return float("nan"), kernel, "rows left unwritten or NaN"
     worst = max(errors)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import sysconfig
 
@@ -67,6 +68,7 @@ class MlaVerify:
         self._pass = ForwardPass()  # what this forward's layers share (the mask, the plan)
         self.last_reason = None  # why the last call was not served (for logs and tests)
         self.failed: str | None = None  # the kernel's first failure: SGLang's path serves after it
+        self._declined_kinds: set[str] = set()  # the reasons to decline already logged
 
     # -- which calls this kernel serves --
     @staticmethod
@@ -78,6 +80,8 @@ class MlaVerify:
         va = importlib.import_module(".verify_attention", __package__)
         if not q.is_cuda:
             return "not on a CUDA device"
+        if q.shape[0] == 0:
+            return "an empty call (no draft tokens)"
         if q.dim() != 3 or q.shape[-1] != 576 or q.dtype != torch.bfloat16:
             return f"q {tuple(q.shape)} {q.dtype}: not MLA 576 bf16"
         if o.shape[-1] != 512 or o.dtype != torch.bfloat16:
@@ -124,16 +128,26 @@ class MlaVerify:
         elif unknown:
             reason = "unknown keyword arguments " + ", ".join(sorted(unknown))
         else:
-            reason = self.unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, logit_cap, sliding_window_size,
-                                      sinks, window_kv_offsets, xai_temperature_len)
+            try:
+                reason = self.unsupported(q, k, v, o, k_buffer, v_buffer, custom_mask, logit_cap,
+                                          sliding_window_size, sinks, window_kv_offsets, xai_temperature_len)
+            except Exception as error:  # noqa: BLE001 - an argument our checks did not foresee
+                reason = f"its checks could not read the call ({type(error).__name__}: {error})"
         self.last_reason = reason
         if reason is not None:
+            self._say_declined(reason)
             return decline()
         try:
             # (SGLang passes the layer's k/v scales, or 1.0 when the pool is not scaled)
             self._run(q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
                       mask_indptr, int(max_extend_len), sm_scale, float(k_descale or 1.0), float(v_descale or 1.0),
                       int(max_bs or 0))
+        except (ValueError, TypeError) as error:
+            # the launcher refused this call's arguments before launching anything: SGLang's path
+            # serves this call; the kernel stays on for the others
+            self.last_reason = f"the launcher refused it ({type(error).__name__}: {error})"
+            self._say_declined(self.last_reason)
+            return decline()
         except Exception as error:  # noqa: BLE001 - a failure of ours must not take the scheduler down
             # (e.g. a runtime Triton whose Gluon compiles these kernels differently): SGLang's own
             # path serves this call and every later one, and the log says why, once
@@ -143,6 +157,19 @@ class MlaVerify:
                                                   "serves from now on (unset %s to silence this)", __name__, ENV)
             return decline()
         return True
+
+    def _say_declined(self, reason: str) -> None:
+        """Log a reason to leave a call to SGLang once per backend (the same reason with other
+        shapes counts as the same): an operator who reads "self-check passed" must also learn
+        when the kernel serves nothing, without a line per layer."""
+        if reason.startswith("it failed"):  # (logged with its traceback when it happened)
+            return
+        kind = re.sub(r"\([^)]*\)|\d+", "", reason)
+        if kind in self._declined_kinds:
+            return
+        self._declined_kinds.add(kind)
+        logging.getLogger(__name__).warning("%s: SGLang's own verify path serves a call the verify kernel does not: %s "
+                                            "(logged once for this reason)", __name__, reason)
 
     def new_forward(self):
         """Forget the current forward: the next call packs the mask and plans (see ForwardPass)."""

@@ -302,6 +302,9 @@ def _verify_split_kernel(
                                                                   BATCH, MIN_CHUNK, BLOCK_N, PDL)
     if b >= BATCH:
         return  # a slot past the last slice of the batch
+    # (never more draft tokens than max_q_len sized the workspace and the mask for: a bad call
+    # leaves rows unwritten, but stores nothing past its slot and reads no mask word past its row)
+    t_b = tl.minimum(t_b, rows_max // NUM_HEADS)
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return
@@ -949,12 +952,26 @@ def verify_attention(
     for name, x in (("kv_indptr", kv_indptr), ("qo_indptr", qo_indptr)):
         if x.dtype != torch.int32 or x.dim() != 1:
             raise TypeError(f"{name}: expected 1-D int32, got {x.dtype} {tuple(x.shape)}")
+    # the kernels read these at base + i: a strided view would be read as the wrong entries
+    for name, x in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr), ("qo_indptr", qo_indptr),
+                    ("tree_mask", tree_mask)) + ((("out", out),) if out is not None else ()) \
+            + ((("lse", lse),) if lse is not None else ()):
         if x.device != q.device:
             raise ValueError(f"{name}: on {x.device}, q on {q.device}")
+        if name in ("kv_indices", "kv_indptr", "qo_indptr") and x.numel() > 1 and x.stride(0) != 1:
+            raise ValueError(f"{name}: expected a contiguous tensor (stride 1), got stride {x.stride(0)}; "
+                             "pass .contiguous()")
     batch = qo_indptr.shape[0] - 1
     if batch < 1 or kv_indptr.shape[0] != batch + 1:
         raise ValueError(f"qo_indptr ({qo_indptr.shape[0]}) and kv_indptr ({kv_indptr.shape[0]}) must both be batch + 1 >= 2 long")
     cfg, ns, mq = plan(q, batch, max_q_len, num_splits, config, kv_dtype=kv.dtype)
+    # The workspace, the grid and the mask are sized by max_q_len: a request with more draft
+    # tokens would have rows left unwritten, and its partials stored past its slot. What can be
+    # checked without reading qo_indptr (no host sync): it is positive, and the tokens fit.
+    if n_tok and (mq < 1 or n_tok > batch * mq):
+        raise ValueError(f"max_q_len={mq}: every request's draft length must be at most max_q_len, and "
+                         f"{n_tok} tokens in {batch} request(s) need at least {triton.cdiv(n_tok, batch)}; "
+                         "pass the batch's longest draft (SGLang's max_extend_len)")
     split_fn, split_const, split_opts = split_kernel(cfg, h, fp8_pool=kv.dtype != torch.bfloat16)
     reads_scales = takes_scales(split_fn)
     if not reads_scales and not is_plain_pool(kv.dtype, k_scale, v_scale):

@@ -149,6 +149,9 @@ def _verify_split_kernel_gluon(
                                                                   BATCH, MIN_CHUNK, BLOCK_N, PDL)
     if b >= BATCH:
         return
+    # (never more draft tokens than max_q_len sized the workspace and the mask for: a bad call
+    # leaves rows unwritten, but stores nothing past its slot and reads no mask word past its row)
+    t_b = gl.minimum(t_b, rows_max // NUM_HEADS)
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return
@@ -711,6 +714,9 @@ def _verify_split_kernel_gluon_ws(
     # the request's mask rows: its own (stride_mask_req = stride_mask) or the draft block's
     # rows every request shares (stride_mask_req = 0)
     mask_rows = TREE_MASK + qo_start.to(gl.int64) * stride_mask_req
+    # (never more draft tokens than max_q_len sized the workspace and the mask for: a bad call
+    # leaves rows unwritten, but stores nothing past its slot and reads no mask word past its row)
+    t_b = gl.minimum(t_b, rows_max // NUM_HEADS)
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return

@@ -306,6 +306,9 @@ def _verify_split_kernel_mma2(
                                                                   BATCH, MIN_CHUNK, BLOCK_N, PDL)
     if b >= BATCH:
         return
+    # (never more draft tokens than max_q_len sized the workspace and the mask for: a bad call
+    # leaves rows unwritten, but stores nothing past its slot and reads no mask word past its row)
+    t_b = gl.minimum(t_b, rows_max // NUM_HEADS)
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return

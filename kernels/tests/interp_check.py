@@ -62,7 +62,7 @@ if spec.get("partials_bf16"):
     # and the merge reads them as words of two columns
     va.partial_dtype = lambda cfg: torch.bfloat16
 case = make_case(spec["lens"], spec["ts"], spec["heads"], mask=spec.get("mask", "tree"), device="cpu",
-                 page_size=spec.get("page_size", 1), pool_extra=64,
+                 page_size=spec.get("page_size", 1), pool_extra=64, max_q_len=spec.get("max_q_len"),
                  kv_dtype=getattr(torch, spec.get("kv_dtype", "bfloat16")))
 scales = dict(k_scale=spec.get("k_scale", 1.0), v_scale=spec.get("v_scale", 1.0))
 n, h = case["q"].shape[:2]
@@ -72,14 +72,30 @@ lse = torch.full((n, h), float("nan"))
 # passes DFlash's, instead of a row per token
 block = spec.get("block_mask", False)
 mask = va.draft_block_mask(case["max_q_len"], causal=True) if block else case["tree_mask"]
+workspace = guard = None
+if spec.get("max_q_len"):
+    # the workspace as the front of larger buffers whose tail holds a sentinel: a partial stored
+    # past the workspace's end lands there
+    shapes = va.workspace_shape(len(spec["ts"]), h, case["max_q_len"], spec["num_splits"])
+    guard = [torch.full((s[0] + 2, *s[1:]), 1234.0, dtype=dtype) for s, dtype in
+             zip(shapes, (va.partial_dtype(cfg), torch.float32), strict=False)]
+    workspace = (guard[0][:shapes[0][0]], guard[1][:shapes[1][0]], torch.zeros(shapes[2], dtype=torch.int32))
 va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
                     case["qo_indptr"], mask, SM_SCALE, out=out, lse=lse, max_q_len=case["max_q_len"],
-                    num_splits=spec.get("num_splits"), config=cfg, block_mask=block, **scales)
+                    num_splits=spec.get("num_splits"), config=cfg, block_mask=block, workspace=workspace, **scales)
 ref_o, ref_lse = va.reference_verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"],
                                                case["kv_indptr"], case["qo_indptr"], case["blocks"], SM_SCALE,
                                                **scales)
 result = {"nan": bool(torch.isnan(out).any() or torch.isnan(lse).any()),
           "rel_err": rel_err(out, ref_o), "lse_err": float((lse - ref_lse).abs().max())}
+if spec.get("max_q_len"):
+    # a call whose max_q_len is below a request's draft length: which tokens were left unwritten,
+    # and how far the written ones land
+    unwritten = torch.isnan(out.float()).flatten(1).any(1)
+    written = ~unwritten
+    result.update(unwritten_tokens=unwritten.nonzero().flatten().tolist(),
+                  rel_err_written=rel_err(out[written], ref_o[written]),
+                  stored_past_the_workspace=any(bool((g[len(w):] != 1234.0).any()) for g, w in zip(guard, workspace[:2], strict=True)))
 if spec.get("peer"):
     theirs = run_peer(load_peer(), case, torch.full_like(out, float("nan")), **scales)
     result.update(peer_nan=bool(torch.isnan(theirs).any()), peer_rel_err=rel_err(theirs, ref_o),

@@ -79,6 +79,17 @@ def test_tree_mask_kernel_matches_its_torch_ops():
     assert run_interpreted("interp_masks.py").split() == ["4"]
 
 
+def test_a_draft_longer_than_max_q_len_writes_nothing_past_its_slot():
+    """max_q_len sizes the workspace and the mask; a request with more draft tokens (a caller's
+    bug the launcher cannot see without reading qo_indptr) gets its first max_q_len tokens and no
+    more: nothing is stored past its slot (the interpreter would fault), the other requests are
+    right, and the tokens left over stay as they were (NaN here), so the bug shows."""
+    r = _run(dict(lens=[25, 40], ts=[1, 5], heads=2, num_splits=3, max_q_len=3, config=SMALL))
+    assert not r["stored_past_the_workspace"], r
+    assert r["unwritten_tokens"] == [4, 5], r
+    assert r["rel_err_written"] < TOL, r
+
+
 needs_peer = pytest.mark.skipif(peer_dir() is None, reason="SGLang's kernels not found: run fetch_peer.sh, or "
                                 "set SGLANG_WHEEL to the sglang 0.5.23 wheel (scripts/test.sh does)")
 

@@ -97,6 +97,16 @@ def test_validation_errors(args):
     with pytest.raises(ValueError, match="workspace"):
         va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, max_q_len=4, num_splits=4,
                             workspace=va.alloc_workspace(2, 8, 4, 5, "cpu"))
+    # index tensors are read at base + i: a strided view is refused, not read as other entries
+    with pytest.raises(ValueError, match="kv_indices: expected a contiguous tensor"):
+        va.verify_attention(q, ke, kv, torch.stack([idx, idx], 1)[:, 0], kvp, qop, tm, SM_SCALE)
+    with pytest.raises(ValueError, match="qo_indptr: expected a contiguous tensor"):
+        va.verify_attention(q, ke, kv, idx, kvp, torch.stack([qop, qop], 1)[:, 0], tm, SM_SCALE)
+    # draft lengths beyond max_q_len would leave rows unwritten and overrun the workspace: 6
+    # tokens in 2 requests need max_q_len >= 3 (and max_q_len 0 is no width at all)
+    for too_small in (0, 2):
+        with pytest.raises(ValueError, match=f"max_q_len={too_small}: every request's draft length"):
+            va.verify_attention(q, ke, kv, idx, kvp, qop, tm, SM_SCALE, max_q_len=too_small)
     # partial outputs are what the config stores: float32 here (the interpreter's config), bf16
     # with partials_bf16 (sm_90's), and the kernels are built for that one dtype
     part_o, part_lse, plan_buf = va.alloc_workspace(2, 8, 4, 4, "cpu")

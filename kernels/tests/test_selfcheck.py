@@ -46,11 +46,27 @@ def _torch_kernel(mutate=None, use_mask=True, use_k_scale=True):
 
 
 def _row_off_by_5_percent(out):
-    out[20, 3] *= 1.05
+    if out.shape[0] > 20:  # (in the whole batch's call; the smaller batches checked after it have fewer rows)
+        out[20, 3] *= 1.05
 
 
 def _row_unwritten(out):
-    out[33, 0] = float("nan")
+    if out.shape[0] > 33:
+        out[33, 0] = float("nan")
+
+
+def test_a_kernel_wrong_only_for_a_lone_request_fails(monkeypatch):
+    """A lone request runs its own path (no plan kernel, the merge counting its own slices): the
+    check runs one too, not only a batch."""
+    right = _torch_kernel()
+
+    def wrong_alone(q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, sm_scale, out=None, **kw):
+        right(q, k_ext, kv, kv_indices, kv_indptr, qo_indptr, tree_mask, sm_scale, out=out, **kw)
+        if qo_indptr.shape[0] == 2:
+            out[-1, 0] *= 1.05
+    monkeypatch.setattr(va, "verify_attention", wrong_alone)
+    r = selfcheck.run("cpu", 8, torch.bfloat16, draft_len=16, prefixes=SMALL)
+    assert not r.passed and "rows differ" in r.detail, r.line()
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
@@ -76,8 +92,9 @@ def test_a_wrong_kernel_fails(monkeypatch, kernel, kv_dtype, detail):
 
 
 def test_nan_in_one_of_the_two_calls_fails(monkeypatch):
-    """The chains' call (the second) leaves a row unwritten, the tree's does not: max() over the
-    two calls' errors would have dropped the NaN."""
+    """The chains' call on the whole batch (the second of six: the tree's, then the chains', for
+    the batch, its last two requests and its last one) leaves a row unwritten, the others do not:
+    max() over the calls' errors would have dropped the NaN."""
     correct, calls = _torch_kernel(), []
 
     def kernel(*args, **kw):
@@ -87,7 +104,7 @@ def test_nan_in_one_of_the_two_calls_fails(monkeypatch):
             _row_unwritten(kw["out"])
     monkeypatch.setattr(va, "verify_attention", kernel)
     r = selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL)
-    assert len(calls) == 2 and not r.passed and "unwritten" in r.detail, r.line()
+    assert len(calls) == 6 and not r.passed and "unwritten" in r.detail, r.line()
 
 
 def test_a_launch_that_blocks_is_reported_within_the_checks_time_limit():

@@ -360,6 +360,37 @@ def test_a_kernel_that_fails_hands_this_call_and_the_rest_to_sglang(monkeypatch,
     assert plugin.MlaVerify()(**_args()) is False  # no fast path of SGLang's: its extend_attention_fwd
 
 
+def test_a_call_the_launcher_refuses_goes_to_sglang_and_the_kernel_stays_on(monkeypatch, caplog):
+    """A ValueError of the launcher's checks (raised before anything is launched) is about that
+    call: SGLang's path serves it, the next call is served by the kernel, and the log says so once
+    however many layers meet the same reason."""
+    runs = []
+
+    def refuses_long_drafts(q, *args, max_q_len=None, **kw):
+        runs.append(max_q_len)
+        if max_q_len > 16:
+            raise ValueError(f"max_q_len={max_q_len}: too long")
+    monkeypatch.setattr(va, "verify_attention", refuses_long_drafts)
+    monkeypatch.setattr(va, "_device_info", lambda device: (9, 0, 132))
+    monkeypatch.setattr(plugin.MlaVerify, "unsupported", staticmethod(lambda *a, **kw: None))
+    verify = plugin.MlaVerify(fallback=lambda *a, **kw: "sglang's own fast path")
+    with caplog.at_level("WARNING"):
+        for _ in range(3):  # three layers
+            assert verify(**_args(max_extend_len=20)) == "sglang's own fast path"
+        assert verify(**_args()) is True
+    assert verify.failed is None and runs == [20, 20, 20, 4]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "the launcher refused it (ValueError: max_q_len=20: too long)" in caplog.text
+
+
+def test_an_empty_call_is_declined_not_raised(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    a = _args(q=torch.empty(0, 8, 576, dtype=torch.bfloat16), k=torch.empty(0, 1, 576, dtype=torch.bfloat16),
+              o=torch.empty(0, 8, 512, dtype=torch.bfloat16))
+    verify = plugin.MlaVerify(fallback=lambda *a, **kw: "sglang's own fast path")
+    assert verify(**a) == "sglang's own fast path" and verify.last_reason == "an empty call (no draft tokens)"
+
+
 def test_import_hook_patches_on_import(tmp_path, monkeypatch):
     pkg = tmp_path / "sglang" / "srt" / "layers" / "attention"
     pkg.mkdir(parents=True)
