@@ -46,6 +46,9 @@ def test_unit_service_settings():
     assert "EnvironmentFile=-/etc/sglang/override.env" in unit
     # The allocator config reaches the container from the unit's environment.
     assert "--env PYTORCH_CUDA_ALLOC_CONF" in unit
+    # Only an image already on the node runs: a missing tag fails the start, nothing is pulled.
+    argv = render.exec_start_argv(unit, {"SGLANG_MEM_FRACTION_STATIC": "0.93", "SGLANG_CHUNKED_PREFILL_SIZE": "4096"})
+    assert argv[:5] == ["/usr/bin/docker", "run", "--rm", "--pull", "never"]
 
 
 def test_api_key_never_lands_in_the_unit():
