@@ -173,8 +173,8 @@ def _grid_dependency(PDL: tl.constexpr):
 
 
 @triton.jit
-def _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+def _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS, BATCH, rows_max, NUM_HEADS: tl.constexpr,
+                   MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     """(request b, first and end latent row, is_draft, the request's first query token, its draft
     length, its first kv_indices entry) of program column pid_s; b = BATCH for a slot past the
     batch's last slice, whose program returns (the last three then mean nothing). Prefix slices
@@ -187,6 +187,9 @@ def _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS, BATCH, MIN_CHU
     where the request is known without them (one request, a draft block), so a program of one
     request is one memory round trip from its first slot index, not three. A split kernel's
     first call: its part in a dependent launch (_grid_dependency) comes before any load.
+    The draft length is never more than max_q_len (rows_max / NUM_HEADS), which sized the
+    workspace and the mask: a caller's longer draft leaves rows unwritten, but no program stores
+    past its slot or reads a mask word past its row.
     Scalar code only, so the Gluon kernels (verify_gluon.py) call it too."""
     _grid_dependency(PDL)
     is_draft = pid_s >= NUM_SPLITS + BATCH
@@ -210,7 +213,7 @@ def _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS, BATCH, MIN_CHU
         hi = tl.load(PLAN + pid_s * 4 + 2)
         # (an unused slot's b is BATCH: its loads stay in bounds)
         qo_start, qo_end, kv_start = _request_entries(tl.minimum(b, BATCH - 1), QO_INDPTR, KV_INDPTR)
-    return b, lo, hi, is_draft, qo_start, qo_end - qo_start, kv_start
+    return b, lo, hi, is_draft, qo_start, tl.minimum(qo_end - qo_start, rows_max // NUM_HEADS), kv_start
 
 
 @triton.jit
@@ -299,12 +302,9 @@ def _verify_split_kernel(
 
     # -- which request and which part of it this program takes (from the plan kernel) --
     b, lo, hi, is_draft, qo_start, t_b, kv_start = _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS,
-                                                                  BATCH, MIN_CHUNK, BLOCK_N, PDL)
+                                                                  BATCH, rows_max, NUM_HEADS, MIN_CHUNK, BLOCK_N, PDL)
     if b >= BATCH:
         return  # a slot past the last slice of the batch
-    # (never more draft tokens than max_q_len sized the workspace and the mask for: a bad call
-    # leaves rows unwritten, but stores nothing past its slot and reads no mask word past its row)
-    t_b = tl.minimum(t_b, rows_max // NUM_HEADS)
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return
@@ -939,9 +939,6 @@ def verify_attention(
         raise TypeError(f"k_extend: expected bfloat16, got {k_ext.dtype}")
     if kv.dtype not in KV_DTYPES:
         raise TypeError(f"kv_cache: expected one of {', '.join(map(str, KV_DTYPES))}, got {kv.dtype}")
-    for name, x in (("k_extend", k_ext), ("kv_cache", kv)):
-        if x.device != q.device:
-            raise ValueError(f"{name}: on {x.device}, q on {q.device}")
     if kv.dtype != torch.bfloat16 and not fp8_pool_supported(q.device):
         raise ValueError(f"kv_cache: {kv.dtype} pools need a GPU of compute capability 8.9 or newer "
                          "(this kernel's fp8 loads); use a bfloat16 pool")
@@ -952,13 +949,14 @@ def verify_attention(
     for name, x in (("kv_indptr", kv_indptr), ("qo_indptr", qo_indptr)):
         if x.dtype != torch.int32 or x.dim() != 1:
             raise TypeError(f"{name}: expected 1-D int32, got {x.dtype} {tuple(x.shape)}")
-    # the kernels read these at base + i: a strided view would be read as the wrong entries
-    for name, x in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr), ("qo_indptr", qo_indptr),
-                    ("tree_mask", tree_mask)) + ((("out", out),) if out is not None else ()) \
-            + ((("lse", lse),) if lse is not None else ()):
-        if x.device != q.device:
+    indices = {"kv_indices": kv_indices, "kv_indptr": kv_indptr, "qo_indptr": qo_indptr}
+    given = {"k_extend": k_ext, "kv_cache": kv, **indices, "tree_mask": tree_mask, "out": out, "lse": lse}
+    for name, x in given.items():
+        if x is not None and x.device != q.device:
             raise ValueError(f"{name}: on {x.device}, q on {q.device}")
-        if name in ("kv_indices", "kv_indptr", "qo_indptr") and x.numel() > 1 and x.stride(0) != 1:
+    # the kernels read these at base + i: a strided view would be read as the wrong entries
+    for name, x in indices.items():
+        if x.numel() > 1 and x.stride(0) != 1:
             raise ValueError(f"{name}: expected a contiguous tensor (stride 1), got stride {x.stride(0)}; "
                              "pass .contiguous()")
     batch = qo_indptr.shape[0] - 1

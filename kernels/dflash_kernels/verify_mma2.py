@@ -303,12 +303,9 @@ def _verify_split_kernel_mma2(
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     b, lo, hi, is_draft, qo_start, t_b, kv_start = _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS,
-                                                                  BATCH, MIN_CHUNK, BLOCK_N, PDL)
+                                                                  BATCH, rows_max, NUM_HEADS, MIN_CHUNK, BLOCK_N, PDL)
     if b >= BATCH:
         return
-    # (never more draft tokens than max_q_len sized the workspace and the mask for: a bad call
-    # leaves rows unwritten, but stores nothing past its slot and reads no mask word past its row)
-    t_b = gl.minimum(t_b, rows_max // NUM_HEADS)
     n_rows = t_b * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:
         return
