@@ -84,12 +84,14 @@ def load_config(path: Path | None = None) -> NodeConfig:
         values["guard"] = _guard_config(path, values["guard"] or {})
     if "model_preset" in values:
         # checked here, not where the planner first needs it: the guard would meet it mid-decision
-        from opsctl.model_shapes import PRESETS
+        from opsctl.model_shapes import PRESETS, ShapeError, preset
 
-        if str(values["model_preset"]).lower() not in PRESETS:
+        try:
+            preset(str(values["model_preset"]))
+        except ShapeError:
             raise click.ClickException(f"{path}: model_preset {values['model_preset']!r} is not a preset "
                                        f"(known: {', '.join(sorted(PRESETS))}); set opsctl_model_preset "
-                                       "in the inventory and re-run the playbook")
+                                       "in the inventory and re-run the playbook") from None
     return NodeConfig(**values)
 
 
