@@ -73,13 +73,13 @@ def test_without_mainpid_only_the_budget_applies():
     assert result.returncode == 1 and "not healthy after" in result.stderr
 
 
-ROLLOUT_NODE = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "rollout" / "files" / "sglang-rollout-node"
+ENGINE_NODE = Path(__file__).resolve().parents[2] / "ansible" / "files" / "sglang-engine-node"
 
 
-def rollout_node():
-    """The rollout's node script (a file without a .py suffix) as a module."""
-    loader = importlib.machinery.SourceFileLoader("rollout_node", str(ROLLOUT_NODE))
-    node = importlib.util.module_from_spec(importlib.util.spec_from_loader("rollout_node", loader))
+def engine_node():
+    """The node helper of site.yml and rollouts (a file without a .py suffix) as a module."""
+    loader = importlib.machinery.SourceFileLoader("engine_node", str(ENGINE_NODE))
+    node = importlib.util.module_from_spec(importlib.util.spec_from_loader("engine_node", loader))
     loader.exec_module(node)
     return node
 
@@ -87,7 +87,7 @@ def rollout_node():
 def test_the_rollout_start_reads_only_the_new_runs_journal(monkeypatch):
     """The old run's crash as it is stopped (a hung engine's watchdog exception) must not fail the
     new start; the new run's lines and systemd's lines about it are read."""
-    node = rollout_node()
+    node = engine_node()
     records = [{"_SYSTEMD_INVOCATION_ID": "old", "MESSAGE": "[TP0] Scheduler hit an exception: Traceback"},
                {"INVOCATION_ID": "old", "MESSAGE": "sglang.service: Main process exited, code=killed"},
                {"INVOCATION_ID": "new", "MESSAGE": "Started sglang.service"},
@@ -121,7 +121,7 @@ def test_the_rollout_probes_send_the_engines_api_key(tmp_path, monkeypatch):
             pass
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    node = rollout_node()
+    node = engine_node()
     url = f"http://127.0.0.1:{server.server_address[1]}/server_info"
     try:
         monkeypatch.setenv("SGLANG_API_KEY_FILE", "")
@@ -139,7 +139,7 @@ def test_the_copies_of_an_unfinished_run_are_kept_and_named(tmp_path):
     """A run stopped between its copies and its record (Ctrl-C during the drain) leaves the new
     files under an engine that runs the old ones: the next run must not copy the new files over
     the old ones and must say which run left them. A retry of one run's own probe goes on."""
-    node = rollout_node()
+    node = engine_node()
     backup, env = tmp_path / "backup", tmp_path / "sglang.env"
     env.write_text("SGLANG_MEM_FRACTION_STATIC=0.93\n")
     assert node.in_flight(str(backup), "run 1") == ""
@@ -158,10 +158,10 @@ def test_the_rollout_restarts_under_opsctls_engine_lock(tmp_path, monkeypatch):
     import pytest
 
     from opsctl import locking
-    node = rollout_node()
+    node = engine_node()
     seen = {}
 
-    def restart_and_follow(unit, budget_s):
+    def restart_and_follow(unit, budget_s, stop_on_failure):
         seen["holder"] = locking.holder(tmp_path)
         with pytest.raises(click.ClickException, match="rollout r1"), locking.engine_lock(tmp_path, "opsctl restart"):
             pass
@@ -179,9 +179,9 @@ def test_the_rollout_waits_for_a_change_in_flight_then_gives_up(tmp_path, monkey
     """A guard remediation (or an operator's restart) holds the lock: the rollout waits for it, and
     restarts nothing when it does not end in time, naming it."""
     from opsctl import locking
-    node = rollout_node()
+    node = engine_node()
     restarted = []
-    monkeypatch.setattr(node, "restart_and_follow", lambda unit, budget_s: restarted.append(unit))
+    monkeypatch.setattr(node, "restart_and_follow", lambda unit, budget_s, **_: restarted.append(unit))
     with locking.engine_lock(tmp_path, "guard: oom remediation"):
         started = time.monotonic()
         result, status = node.start("sglang.service", 60, str(tmp_path), 1.5, "rollout r1")
@@ -189,3 +189,29 @@ def test_the_rollout_waits_for_a_change_in_flight_then_gives_up(tmp_path, monkey
     assert status == 1 and not restarted and not result["ok"] and result["restarted"] is False
     assert "another engine change is in progress (guard: oom remediation (pid" in result["why"]
     assert "nothing was restarted" in result["why"]
+
+
+@pytest.mark.parametrize("on_failure", ["stop", "leave"])
+def test_a_start_that_dies_fails_at_once_and_stops_the_unit_only_when_told(tmp_path, monkeypatch, on_failure):
+    """The engine logs a CUDA OOM while it loads: the start fails at that line, not at the end of
+    the budget. A rollout ("stop") ends the crash loop before it rolls back; site.yml ("leave")
+    leaves the unit to its restart policy and the guard."""
+    node = engine_node()
+    runs = iter(["old", "new", "new", "new"])
+    monkeypatch.setattr(node, "unit_show", lambda unit: {"InvocationID": next(runs), "ActiveState": "activating",
+                                                         "NRestarts": "0"})
+    monkeypatch.setattr(node, "run", lambda *argv: "cursor: c1" if "--show-cursor" in argv else "")
+    # the scheduler's exception first, the traceback's last line (the error) a moment later
+    died = ["Load weight begin", "[TP0] Scheduler hit an exception: Traceback (most recent call last):"]
+    lines = [[], ["Load weight begin"], died, died + ["torch.OutOfMemoryError: CUDA out of memory."]]
+    monkeypatch.setattr(node, "new_run_lines", lambda unit, cursor, old_run: lines.pop(0) if len(lines) > 1 else lines[0])
+    systemctl = []
+    monkeypatch.setattr(node.subprocess, "run", lambda argv, **kwargs: systemctl.append(argv[1:]))
+    monkeypatch.setattr(node.time, "sleep", lambda seconds: None)
+    result, status = node.start("sglang.service", 900, str(tmp_path), 0, "ansible-playbook", on_failure)
+    assert status == 1 and result["ok"] is False and result["restarted"] is True
+    assert result["why"] == "torch.OutOfMemoryError: CUDA out of memory."
+    assert result["seconds"] < 5
+    stops = [argv for argv in systemctl if argv[0] == "stop"]
+    assert systemctl[0] == ["restart", "--no-block", "sglang.service"]
+    assert result["stopped"] is (on_failure == "stop") and len(stops) == (on_failure == "stop")
