@@ -2,7 +2,9 @@
 that succeed, that the planner refuses, and that fail and roll back; overrides vs Ansible."""
 
 import json
+import re
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -173,6 +175,66 @@ def test_ansible_reports_an_override_and_keeps_it_unless_told(lab_node):
     assert "SGLANG_MEM_FRACTION_STATIC" not in lab_node.file("/etc/sglang/override.env")
     code, report = lab_node.status()
     assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93
+
+
+def test_a_playbook_run_whose_engine_dies_fails_at_once_and_says_why(lab_node):
+    """site.yml restarts the engine on a fraction it cannot start with: the play fails when the
+    engine logs its CUDA OOM, naming it, instead of polling /health for the whole start budget
+    (120 s in the lab, 900 in production). The next run on good values brings it back, past the
+    unit's failed state."""
+    failed = lab_node.provision("-e", "sglang_mem_fraction_static=0.99", "-e", "sglang_override_policy=clear")
+    assert failed.returncode != 0, failed.stdout[-3000:]
+    found = re.search(r"sglang.service did not come up on this run's values after ([0-9.]+) s: (.*?)\. Last lines",
+                      failed.stdout, re.DOTALL)
+    assert found, failed.stdout[-3000:]
+    assert float(found[1]) < 60 and "CUDA out of memory" in found[2]
+    restored = lab_node.provision("-e", "sglang_override_policy=clear")
+    assert restored.returncode == 0, restored.stdout[-3000:]
+    code, report = lab_node.status()
+    assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93
+
+
+def test_a_rebuilt_image_keeps_the_one_it_replaced_as_previous(lab_node, tmp_path):
+    """A change to the image's sources rebuilds it under the same tag and restarts the engine on
+    it; the image the tag named before stays as TAG-previous, for a rollout back to it. A build
+    the layer cache answers with the same image leaves TAG-previous alone."""
+    image = "dflash-lab/sglang-sim:0.5.23"
+
+    def image_id(ref):
+        return lab_node.sh(f"docker image inspect --format '{{{{.Id}}}}' {ref}").stdout.strip()
+    original = image_id(image)
+    changed = tmp_path / "engine-sim"
+    shutil.copytree(REPO / "images" / "engine-sim", changed)
+    with (changed / "Dockerfile").open("a") as dockerfile:
+        dockerfile.write('LABEL io.dflash-lab.test="a changed image"\n')
+    rebuilt = lab_node.provision("-e", f"engine_image_dockerfile_dir={changed}")
+    assert rebuilt.returncode == 0, rebuilt.stdout[-3000:]
+    assert "switches back" in rebuilt.stdout
+    new = image_id(image)
+    assert new != original and image_id(f"{image}-previous") == original
+    assert lab_node.sh("docker inspect --format '{{.Image}}' sglang").stdout.strip() == new  # the engine runs it
+    back = lab_node.provision()  # the original sources: the layer cache gives the original image
+    assert back.returncode == 0, back.stdout[-3000:]
+    assert image_id(image) == original and image_id(f"{image}-previous") == new
+    # (another build argument, which the Dockerfile does not use: a rebuild, the same image)
+    args = {"BASE_IMAGE": "dflash-lab/debian-python:bookworm", "UNUSED": "1"}
+    again = lab_node.provision("-e", json.dumps({"engine_image_build_args": args}))
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert image_id(image) == original and image_id(f"{image}-previous") == new  # a no-op build moved nothing
+    assert lab_node.sh(f"docker image inspect {image}-prebuild").returncode != 0
+    assert lab_node.status()[0] == 0
+
+
+def test_a_node_whose_containers_get_no_gpus_is_refused_before_the_engine_starts(lab_node):
+    """The lab node has no GPU and no NVIDIA runtime: with the container check on, the play starts
+    a container of the engine image with --gpus all, and stops there with what to do. (On a GPU
+    node the same task counts the GPUs that container sees; nothing here can run that part.)"""
+    result = lab_node.provision("-e", "engine_image_gpu_check=true")
+    assert result.returncode != 0
+    assert "A container of dflash-lab/sglang-sim:0.5.23 started with --gpus all sees no GPUs (it needs 8)" in result.stdout
+    assert "engine_image_gpu_check=false" in result.stdout
+    assert "TASK [sglang" not in result.stdout  # it stopped before the engine's role
+    assert lab_node.status()[0] == 0
 
 
 def test_systemd_hands_free_form_values_to_the_engine_unchanged(lab_node):
