@@ -176,6 +176,8 @@ def oom(
     incidents = oom_lib.analyze(lines, hint)
     # Where the log holds an engine start that sized its pool, the planner, calibrated from it,
     # checks each advice against the context target (and adds its own choice if none holds it).
+    # (The calibration reads the log again, without the hint: the values in force now are no
+    # evidence of what a crashed run used, and a spike observed at a guessed fraction is wrong.)
     inputs = node_plan_inputs(config, lines)
     if inputs is not None:
         for incident in incidents:
