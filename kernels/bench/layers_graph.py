@@ -59,6 +59,7 @@ def per_layer_us(lens, t, h, layers, cfg, form="launcher", page_size=1, kv_dtype
              for _ in range(layers)]
     custom = (None, None)
     if form != "launcher":  # one batch, a pool per layer (the pools are alike in size)
+        cases[0]["qo_indptr"] = cases[0]["qo_indptr"].long()  # SGLang's Triton backend's dtype
         for c in cases[1:]:
             c.update({k: cases[0][k] for k in ("kv_indices", "kv_indptr", "qo_indptr", "blocks")})
         if not chains:

@@ -195,20 +195,19 @@ class MlaVerify:
         va = importlib.import_module(".verify_attention", __package__)
         n_tok, h = q.shape[0], q.shape[1]
         batch = qo_indptr.shape[0] - 1
-        qo_in, kv_in = qo_indptr, kv_indptr
-        if qo_indptr.dtype != torch.int32:
-            qo_indptr = qo_indptr.to(torch.int32)
-        if kv_indptr.dtype != torch.int32:
-            kv_indptr = kv_indptr.to(torch.int32)
         cfg, ns, mq = va.plan(q, batch, max_q_len, kv_dtype=k_buffer.dtype)
         ws = self._workspace(va, q.device, batch, h, mq, ns, max_bs)
-        # (keyed on SGLang's own tensors, before the int32 copies above)
-        batch_key = (ForwardPass.tensors_key(qo_in, kv_in, custom_mask, mask_indptr),
+        batch_key = (ForwardPass.tensors_key(qo_indptr, kv_indptr, custom_mask, mask_indptr),
                      n_tok, max_q_len, bool(causal), cfg, ns, ws[2].data_ptr())
         reuse = self._pass.continues(k_buffer.data_ptr(), batch_key)
         if not reuse:
+            # SGLang's qo_indptr is int64: the kernels take int32 copies, made by the forward's
+            # first layer and read by all (one copy kernel a forward, not one a layer)
+            qo_indptr = qo_indptr if qo_indptr.dtype == torch.int32 else qo_indptr.to(torch.int32)
+            kv_indptr = kv_indptr if kv_indptr.dtype == torch.int32 else kv_indptr.to(torch.int32)
             mask_and_block = verify_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len, causal)
-            self._pass = ForwardPass(k_buffer.data_ptr(), batch_key, mask_and_block)
+            self._pass = ForwardPass(k_buffer.data_ptr(), batch_key, mask_and_block, (qo_indptr, kv_indptr))
+        qo_indptr, kv_indptr = self._pass.indptrs
         mask, block = self._pass.mask_and_block
         scale = sm_scale if sm_scale is not None else 576 ** -0.5  # SGLang's default: 1/sqrt(Lq)
         va.verify_attention(q, k.reshape(n_tok, 576), k_buffer, kv_indices, kv_indptr, qo_indptr, mask,
@@ -218,10 +217,11 @@ class MlaVerify:
 
 
 class ForwardPass:
-    """What the layers of one verify forward share: the packed draft mask and the workspace's
-    plan, both functions of the batch alone. SGLang calls the backend once a layer (61 in Kimi
-    K2.6) with the same batch tensors, so the first layer of a forward packs the mask and plans
-    (the plan kernel, for batches), and the others reuse both (RESULTS.md session 26).
+    """What the layers of one verify forward share: the packed draft mask, the int32 copies of
+    the batch's index pointers and the workspace's plan, all functions of the batch alone. SGLang
+    calls the backend once a layer (61 in Kimi K2.6) with the same batch tensors, so the first
+    layer of a forward packs the mask, copies the pointers and plans (the plan kernel, for
+    batches), and the others reuse them (RESULTS.md sessions 26 and 35).
 
     Where a forward starts is read from the layers, not from SGLang's metadata calls: a CUDA
     graph runner sets the metadata once and then runs the forward three times (two warm-ups and
@@ -236,10 +236,11 @@ class ForwardPass:
     seen. A caller that runs new pools through the same MlaVerify must call ``new_forward()``
     first."""
 
-    def __init__(self, first_layer=None, batch_key=None, mask_and_block=None):
+    def __init__(self, first_layer=None, batch_key=None, mask_and_block=None, indptrs=None):
         self.layers = {first_layer} if first_layer is not None else set()
         self.batch_key = batch_key
         self.mask_and_block = mask_and_block
+        self.indptrs = indptrs  # (qo_indptr, kv_indptr) as int32
 
     @staticmethod
     def tensors_key(*tensors):

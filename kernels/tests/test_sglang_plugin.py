@@ -567,6 +567,25 @@ def test_the_layers_of_a_forward_pack_the_mask_and_plan_once(monkeypatch):
     assert len(f.packs) == 3
 
 
+def test_the_layers_of_a_forward_share_one_int32_copy_of_sglangs_int64_pointers(monkeypatch):
+    """SGLang's qo_indptr is int64 (its Triton backend's buffer): the kernels take int32, copied
+    by the forward's first layer and read by every layer, not copied again in each (a captured
+    copy kernel per layer under CUDA graphs); the next forward copies again, as its values may
+    be new in the same buffer."""
+    f = _Forwards(monkeypatch)
+    batch = f.batch()
+    batch["qo_indptr"] = batch["qo_indptr"].to(torch.int64)
+    for _ in range(2):
+        first = len(f.calls)
+        f.forward(batch)
+        pointers = [(args[5], args[4]) for args, _ in f.calls[first:]]
+        qo, kv = pointers[0]
+        assert qo.dtype == torch.int32 and torch.equal(qo, batch["qo_indptr"].to(torch.int32))
+        assert kv is batch["kv_indptr"]  # int32 already: no copy
+        assert all(p[0] is qo and p[1] is kv for p in pointers)
+    assert f.calls[0][0][5] is not f.calls[-1][0][5]
+
+
 def test_a_graph_runners_warm_ups_and_capture_each_pack_and_plan(monkeypatch):
     """SGLang's CudaGraphRunner sets a batch size's metadata once and runs the forward three
     times (two warm-ups, then the capture) on the same tensors: each run packs and plans at its
