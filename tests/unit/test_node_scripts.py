@@ -194,24 +194,42 @@ def test_the_rollout_waits_for_a_change_in_flight_then_gives_up(tmp_path, monkey
 @pytest.mark.parametrize("on_failure", ["stop", "leave"])
 def test_a_start_that_dies_fails_at_once_and_stops_the_unit_only_when_told(tmp_path, monkeypatch, on_failure):
     """The engine logs a CUDA OOM while it loads: the start fails at that line, not at the end of
-    the budget. A rollout ("stop") ends the crash loop before it rolls back; site.yml ("leave")
-    leaves the unit to its restart policy and the guard."""
+    the budget, and names the error rather than the scheduler's first line about it. "stop" (a
+    rollout, or site.yml without the guard) ends the crash loop; "leave" (site.yml with the guard)
+    keeps the engine lock until the dying run has exited, then leaves the unit as it is."""
     node = engine_node()
-    runs = iter(["old", "new", "new", "new"])
-    monkeypatch.setattr(node, "unit_show", lambda unit: {"InvocationID": next(runs), "ActiveState": "activating",
-                                                         "NRestarts": "0"})
+    # the unit as systemd shows it at each look: the old run, then the new one, which exits
+    # (systemd waits to restart it) a few looks after its OOM
+    states = [("old", "active", "running", 0)] + [("new", "activating", "start", 0)] * 5 + [
+        ("new", "activating", "auto-restart", 1)]
+    looks = []
+
+    def unit_show(unit):
+        run_id, active, sub, restarts = states[min(len(looks), len(states) - 1)]
+        looks.append(sub)
+        return {"InvocationID": run_id, "ActiveState": active, "SubState": sub, "NRestarts": str(restarts)}
+    monkeypatch.setattr(node, "unit_show", unit_show)
     monkeypatch.setattr(node, "run", lambda *argv: "cursor: c1" if "--show-cursor" in argv else "")
     # the scheduler's exception first, the traceback's last line (the error) a moment later
     died = ["Load weight begin", "[TP0] Scheduler hit an exception: Traceback (most recent call last):"]
     lines = [[], ["Load weight begin"], died, died + ["torch.OutOfMemoryError: CUDA out of memory."]]
-    monkeypatch.setattr(node, "new_run_lines", lambda unit, cursor, old_run: lines.pop(0) if len(lines) > 1 else lines[0])
+    reads = []
+
+    def new_run_lines(unit, cursor, old_run):
+        reads.append(cursor)
+        return lines[min(len(reads), len(lines)) - 1]
+    monkeypatch.setattr(node, "new_run_lines", new_run_lines)
     systemctl = []
     monkeypatch.setattr(node.subprocess, "run", lambda argv, **kwargs: systemctl.append(argv[1:]))
     monkeypatch.setattr(node.time, "sleep", lambda seconds: None)
     result, status = node.start("sglang.service", 900, str(tmp_path), 0, "ansible-playbook", on_failure)
     assert status == 1 and result["ok"] is False and result["restarted"] is True
     assert result["why"] == "torch.OutOfMemoryError: CUDA out of memory."
-    assert result["seconds"] < 5
-    stops = [argv for argv in systemctl if argv[0] == "stop"]
+    assert len(reads) == 4  # three looks, the third sees the exception; then one more read for the error
     assert systemctl[0] == ["restart", "--no-block", "sglang.service"]
+    stops = [argv for argv in systemctl if argv[0] == "stop"]
     assert result["stopped"] is (on_failure == "stop") and len(stops) == (on_failure == "stop")
+    if on_failure == "leave":  # it looked until systemd counted the exit
+        assert result["exited"] is True and looks[-1] == "auto-restart"
+    else:
+        assert result["exited"] is None and "auto-restart" not in looks
