@@ -188,52 +188,62 @@ def test_a_playbook_run_whose_engine_dies_fails_at_once_and_says_why(lab_node):
                       failed.stdout, re.DOTALL)
     assert found, failed.stdout[-3000:]
     assert float(found[1]) < 60 and "CUDA out of memory" in found[2]
+    # the lab's guard is off: the unit is stopped rather than left crash-looping on those values
+    assert "The unit was stopped (the guard is off)." in failed.stdout
+    lab_node.wait_for(lambda: lab_node.sh("systemctl is-active sglang.service").stdout.strip() in ("inactive", "failed"),
+                      timeout=30)
+    # the restart is still due on the node until one succeeds
+    assert lab_node.sh("test -e /var/lib/sglang-role/restart-due").returncode == 0
     restored = lab_node.provision("-e", "sglang_override_policy=clear")
     assert restored.returncode == 0, restored.stdout[-3000:]
+    assert lab_node.sh("test -e /var/lib/sglang-role/restart-due").returncode != 0
     code, report = lab_node.status()
     assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93
 
 
-def test_a_rebuilt_image_keeps_the_one_it_replaced_as_previous(lab_node, tmp_path):
-    """A change to the image's sources rebuilds it under the same tag and restarts the engine on
-    it; the image the tag named before stays as TAG-previous, for a rollout back to it. A build
-    the layer cache answers with the same image leaves TAG-previous alone."""
+def test_a_rebuilt_image_reaches_the_engine_and_keeps_the_one_it_replaced(lab_node, tmp_path):
+    """A change to the image's sources rebuilds it under the same tag. The first run here fails
+    after the build, at the check that a container of the image sees GPUs (the lab node has none):
+    the play stops there, with what to do, and the restart the build asked for stays due on the
+    node, so the next run restarts the engine on the new image. The image the tag named before
+    stays as TAG-previous, and a build that the layer cache answers with the same image moves
+    nothing. (On a GPU node the check counts the GPUs the container sees; nothing here runs that.)"""
     image = "dflash-lab/sglang-sim:0.5.23"
 
     def image_id(ref):
         return lab_node.sh(f"docker image inspect --format '{{{{.Id}}}}' {ref}").stdout.strip()
+
+    def engine_image():
+        return lab_node.sh("docker inspect --format '{{.Image}}' sglang").stdout.strip()
     original = image_id(image)
     changed = tmp_path / "engine-sim"
     shutil.copytree(REPO / "images" / "engine-sim", changed)
     with (changed / "Dockerfile").open("a") as dockerfile:
         dockerfile.write('LABEL io.dflash-lab.test="a changed image"\n')
-    rebuilt = lab_node.provision("-e", f"engine_image_dockerfile_dir={changed}")
-    assert rebuilt.returncode == 0, rebuilt.stdout[-3000:]
-    assert "switches back" in rebuilt.stdout
+    no_gpus = lab_node.provision("-e", f"engine_image_dockerfile_dir={changed}", "-e", "engine_image_gpu_check=true")
+    assert no_gpus.returncode != 0
+    assert f"A container of {image} started with --gpus all sees no GPUs (it needs 8)" in no_gpus.stdout
+    assert "could not select device driver" in no_gpus.stdout  # docker's own answer to the GPU request
+    assert "engine_image_gpu_check=false" in no_gpus.stdout
+    assert "TASK [sglang" not in no_gpus.stdout  # it stopped before the engine's role
     new = image_id(image)
     assert new != original and image_id(f"{image}-previous") == original
-    assert lab_node.sh("docker inspect --format '{{.Image}}' sglang").stdout.strip() == new  # the engine runs it
+    assert engine_image() == original  # not restarted yet...
+    assert lab_node.sh("test -e /var/lib/sglang-role/restart-due").returncode == 0  # ...but due
+    rebuilt = lab_node.provision("-e", f"engine_image_dockerfile_dir={changed}")  # nothing to build now
+    assert rebuilt.returncode == 0, rebuilt.stdout[-3000:]
+    assert engine_image() == new
+    assert lab_node.sh("test -e /var/lib/sglang-role/restart-due").returncode != 0
     back = lab_node.provision()  # the original sources: the layer cache gives the original image
     assert back.returncode == 0, back.stdout[-3000:]
-    assert image_id(image) == original and image_id(f"{image}-previous") == new
+    assert "switches back" in back.stdout
+    assert image_id(image) == original and image_id(f"{image}-previous") == new and engine_image() == original
     # (another build argument, which the Dockerfile does not use: a rebuild, the same image)
     args = {"BASE_IMAGE": "dflash-lab/debian-python:bookworm", "UNUSED": "1"}
     again = lab_node.provision("-e", json.dumps({"engine_image_build_args": args}))
     assert again.returncode == 0, again.stdout[-3000:]
     assert image_id(image) == original and image_id(f"{image}-previous") == new  # a no-op build moved nothing
     assert lab_node.sh(f"docker image inspect {image}-prebuild").returncode != 0
-    assert lab_node.status()[0] == 0
-
-
-def test_a_node_whose_containers_get_no_gpus_is_refused_before_the_engine_starts(lab_node):
-    """The lab node has no GPU and no NVIDIA runtime: with the container check on, the play starts
-    a container of the engine image with --gpus all, and stops there with what to do. (On a GPU
-    node the same task counts the GPUs that container sees; nothing here can run that part.)"""
-    result = lab_node.provision("-e", "engine_image_gpu_check=true")
-    assert result.returncode != 0
-    assert "A container of dflash-lab/sglang-sim:0.5.23 started with --gpus all sees no GPUs (it needs 8)" in result.stdout
-    assert "engine_image_gpu_check=false" in result.stdout
-    assert "TASK [sglang" not in result.stdout  # it stopped before the engine's role
     assert lab_node.status()[0] == 0
 
 
