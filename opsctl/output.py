@@ -13,10 +13,21 @@ from typing import Any
 
 from rich.console import Console
 
+
+class _Console(Console):
+    """A console whose reader going away (a closed pager, a dropped ssh session) silences it.
+
+    rich's default raises SystemExit there: a restart on a remote node would stop following its
+    start at the next progress line, with no health-gated rollback. Now it runs to its end."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+
+
 # Tables and reports for people; stdout so they can be piped into a pager or a file.
-console = Console(highlight=False)
+console = _Console(highlight=False)
 # Progress, warnings, hints.
-err_console = Console(stderr=True, highlight=False)
+err_console = _Console(stderr=True, highlight=False)
 
 
 def _default(value: Any) -> Any:

@@ -101,16 +101,21 @@ def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
 
 
 def _command(parsed, args: list[str]) -> list[str]:
+    # An operator at a terminal gets one on the node too: Ctrl-C there reaches the node's opsctl
+    # (a restart then puts the previous override file back and exits 3, as on the node) and a
+    # dropped session hangs it up. Without one the node's opsctl never hears of a Ctrl-C and
+    # runs its restart to its end, rollback included. Piped output gets no terminal, so stdout
+    # stays the node's stdout alone (a --json document, unmixed with stderr).
+    terminal = sys.stdin.isatty() and sys.stdout.isatty()
     if parsed.scheme == "docker":
-        tty = ["--tty"] if sys.stdout.isatty() else []
-        return ["docker", "exec", "--interactive", *tty, parsed.netloc, "opsctl", *args]
+        return ["docker", "exec", "--interactive", *(["--tty"] if terminal else []), parsed.netloc, "opsctl", *args]
     if parsed.scheme == "ssh":
         port = ["-p", str(parsed.port)] if parsed.port else []
         login = f"{parsed.username}@{parsed.hostname}" if parsed.username else parsed.hostname
         # A dead host must not hold a check for ssh's minutes; without a terminal (a monitoring
         # run) a password prompt would wait for ever.
         options = ["-o", "ConnectTimeout=10", *([] if sys.stdin.isatty() else ["-o", "BatchMode=yes"])]
-        return ["ssh", *options, *port, login, "opsctl " + shlex.join(args)]
+        return ["ssh", *options, *(["-t"] if terminal else []), *port, login, "opsctl " + shlex.join(args)]
 
 
 # `opsctl status` is a Nagios check: a node that was not reached is UNKNOWN, whatever the

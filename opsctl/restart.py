@@ -14,9 +14,11 @@ import dataclasses
 import signal
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -212,10 +214,18 @@ def node_plan_inputs(config: NodeConfig, journal_lines: list[str]) -> planner.Pl
         return None
 
 
-def check_plan(config: NodeConfig, target: TunedValues, inputs: planner.PlanInputs | None) -> list[str]:
-    """Why the planner refuses `target` (empty when it is fine or cannot be judged)."""
+@dataclasses.dataclass(frozen=True)
+class PlanVerdict:
+    """What the planner says of one set of tuned values: the KV pool against the context target,
+    and the headroom against the prefill spike (None where it cannot judge)."""
+    tokens: int | None
+    spike_margin_bytes: float | None
+    problems: tuple[str, ...]
+
+
+def judge_plan(config: NodeConfig, target: TunedValues, inputs: planner.PlanInputs | None) -> PlanVerdict:
     if inputs is None or target.mem_fraction_static is None:
-        return []
+        return PlanVerdict(None, None, ())
     problems = []
     fraction = target.mem_fraction_static
     tokens = planner.max_total_num_tokens(fraction, inputs)
@@ -224,14 +234,35 @@ def check_plan(config: NodeConfig, target: TunedValues, inputs: planner.PlanInpu
         problems.append(f"at {fraction} the KV pool holds {tokens:,} tokens, {tokens / config.context_target:.1%} "
                         f"of the {config.context_target:,}-token target"
                         + (f"; the lowest fraction that holds it is {lowest:.3f}" if lowest else ""))
-    chunk = target.chunked_prefill_size
-    if chunk and chunk > 0 and not planner.is_safe(fraction, chunk, inputs,
-                                                   expandable=bool(target.expandable_segments)):
-        headroom = planner.headroom_bytes(fraction, inputs) / 2**30
-        spike = planner.required_headroom_bytes(chunk, inputs, expandable=bool(target.expandable_segments)) / 2**30
-        problems.append(f"at {fraction} the headroom is {headroom:.2f} GiB, less than the {spike:.2f} GiB "
-                        f"a {chunk}-token prefill chunk needs; use a smaller chunk or a lower fraction")
-    return problems
+    chunk, margin = target.chunked_prefill_size, None
+    if chunk and chunk > 0:
+        expandable = bool(target.expandable_segments)
+        headroom = planner.headroom_bytes(fraction, inputs)
+        spike = planner.required_headroom_bytes(chunk, inputs, expandable=expandable)
+        margin = headroom - spike
+        if not planner.is_safe(fraction, chunk, inputs, expandable=expandable):
+            problems.append(f"at {fraction} the headroom is {headroom / 2**30:.2f} GiB, less than the "
+                            f"{spike / 2**30:.2f} GiB a {chunk}-token prefill chunk needs; use a smaller chunk "
+                            "or a lower fraction")
+    return PlanVerdict(tokens, margin, tuple(problems))
+
+
+def check_plan(config: NodeConfig, before: TunedValues, after: TunedValues,
+               inputs: planner.PlanInputs | None) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for a change from `before` to `after`.
+
+    The planner refuses a change that makes the KV pool smaller or the prefill margin thinner
+    and leaves a problem; a problem the node already has, and that the change does not worsen, is
+    only a warning: a plain restart of a hung engine, or a smaller chunk, must not be refused
+    for a fraction nobody is changing."""
+    now, then = judge_plan(config, before, inputs), judge_plan(config, after, inputs)
+    if not then.problems:
+        return [], []
+    worse_pool = then.tokens is not None and then.tokens < config.context_target and (
+        now.tokens is None or then.tokens < now.tokens)
+    worse_margin = then.spike_margin_bytes is not None and then.spike_margin_bytes < 0 and (
+        now.spike_margin_bytes is None or then.spike_margin_bytes < now.spike_margin_bytes)
+    return (list(then.problems), []) if worse_pool or worse_margin else ([], list(then.problems))
 
 
 class RestartAbandoned(click.ClickException):
@@ -257,6 +288,28 @@ def terminations_unwind() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[list[int]]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP off a short step that must finish once begun (restoring
+    the override file, recording an outcome): the list names those that came meanwhile.
+    A second Ctrl-C during a rollback's write must not leave the failed values in the file."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # (signals reach the main thread only)
+        yield caught
+        return
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interruption(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signal.Signals(signum).name)
+
+
 def _why(error: BaseException) -> str:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
@@ -265,29 +318,26 @@ def _why(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _unfollowed(error: BaseException) -> bool:
-    """An error that stops a start from being followed: Ctrl-C, a signal, or any failure."""
-    return isinstance(error, (Exception, KeyboardInterrupt, Terminated))
-
-
-def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseException) -> None:
+def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseException) -> NoReturn:
     """Put the previous override file back and record why, when a restart cannot be followed to its
     end. No second start: the unit runs what systemd last started (the new values, if the restart
-    went through) until its next start, which reads the restored file."""
-    write_override_text(config.override_env_file, old_text)
-    why = _why(error)
-    append_record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
-                                         "override_restored": True, **change})
-    if _unfollowed(error):
-        raise RestartAbandoned(
-            f"the restart could not be followed ({why}); the previous override file is restored, but the "
-            f"engine may run the new values until its next start. Check `systemctl status {config.unit}` "
-            f"and run `opsctl status`; restart again once the cause is fixed") from error
+    went through) until its next start, which reads the restored file. Any cause, a SystemExit
+    of an output whose reader went away included, ends as RestartAbandoned (exit 3)."""
+    with signals_deferred():
+        write_override_text(config.override_env_file, old_text)
+        why = _why(error)
+        append_record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
+                                             "override_restored": True, **change})
+    raise RestartAbandoned(
+        f"the restart could not be followed ({why}); the previous override file is restored, but the "
+        f"engine may run the new values until its next start. Check `systemctl status {config.unit}` "
+        f"and run `opsctl status`; restart again once the cause is fixed") from error
 
 
 def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: bool, budget_s: float,
             wait_lock_s: float, progress: ProgressCallback, replace: bool = False,
-            journal_lines: Callable[[], list[str]] = lambda: [], rollback_text: str | None = None) -> RestartOutcome:
+            journal_lines: Callable[[], list[str]] = lambda: [], rollback_text: str | None = None,
+            warn: Callable[[str], None] = lambda _message: None) -> RestartOutcome:
     """Apply `requested` over the current overrides (or instead of them with `replace`) and restart.
 
     A failed start rolls back to the override file as it is now, or to `rollback_text`: the guard
@@ -300,47 +350,56 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
         overrides = requested if replace else requested.merged_over(current)
         before, after = current.merged_over(ansible), overrides.merged_over(ansible)
         if not force:
-            problems = check_plan(config, after, node_plan_inputs(config, journal_lines()))
-            if problems:
-                raise click.ClickException("the planner refuses this change: " + "; ".join(problems)
+            refusals, warnings = check_plan(config, before, after, node_plan_inputs(config, journal_lines()))
+            if refusals:
+                raise click.ClickException("the planner refuses this change: " + "; ".join(refusals)
                                            + ". Pass --force to apply it anyway.")
+            for warning in warnings:
+                warn(f"the planner warns (the values in force already have this; not refused): {warning}")
         history = history_file(config)
         change = {"actor": actor(), "reason": reason, "from": dataclasses.asdict(before),
                   "to": dataclasses.asdict(after)}
         append_record(history, {"event": "restart", "outcome": "started", **change})
         try:
-            write_override_text(config.override_env_file,
-                                render_overrides(overrides, config.env_file, actor(), reason))
+            with signals_deferred() as caught:
+                write_override_text(config.override_env_file,
+                                    render_overrides(overrides, config.env_file, actor(), reason))
         except OSError as error:  # written atomically: the old file is still whole and in force
             append_record(history, {"event": "restart", "outcome": "refused", "why": str(error), **change})
             raise click.ClickException(f"cannot write {config.override_env_file} ({error.strerror}); nothing was "
                                        "changed and the engine was not restarted") from None
         try:
+            if caught:
+                raise _interruption(caught[0])
             attempt = start_and_wait(config, budget_s, progress)
-        except BaseException as error:  # systemctl or journald failing, a timeout, Ctrl-C, SIGTERM
+        except BaseException as error:  # systemctl or journald failing, a timeout, Ctrl-C, SIGTERM, SystemExit
             _abandon(config, old_text, change, error)
-            raise
         if attempt.ok:
-            append_record(history, {"event": "restart", "outcome": "ok", "start_seconds": round(attempt.seconds, 1),
-                                    **change})
+            with signals_deferred():  # (it serves on the new values: a late Ctrl-C changes nothing)
+                append_record(history, {"event": "restart", "outcome": "ok",
+                                        "start_seconds": round(attempt.seconds, 1), **change})
             return RestartOutcome(True, False, attempt, None, before, after)
 
         # Roll back: the previous override file, byte for byte, then the same health-gated start.
-        write_override_text(config.override_env_file, old_text)
-        append_record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
-                                "journal": attempt.journal[-40:], **change})
+        with signals_deferred() as caught:
+            write_override_text(config.override_env_file, old_text)
+            append_record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
+                                    "journal": attempt.journal[-40:], **change})
         try:
+            if caught:
+                raise _interruption(caught[0])
             rollback = start_and_wait(config, budget_s, progress)
         except BaseException as error:
-            append_record(history, {"event": "rollback", "outcome": "abandoned", "why": _why(error),
+            why = _why(error)
+            with signals_deferred():
+                append_record(history, {"event": "rollback", "outcome": "abandoned", "why": why,
+                                        "actor": actor(), "to": dataclasses.asdict(before)})
+            raise RestartAbandoned(
+                f"{attempt.reason}, and the rollback's start could not be followed ({why}); the "
+                f"previous override file is in place. Check `systemctl status {config.unit}` and run "
+                f"`opsctl status`: the engine may be down") from error
+        with signals_deferred():
+            append_record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
+                                    "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),
                                     "actor": actor(), "to": dataclasses.asdict(before)})
-            if _unfollowed(error):
-                raise RestartAbandoned(
-                    f"{attempt.reason}, and the rollback's start could not be followed ({_why(error)}); the "
-                    f"previous override file is in place. Check `systemctl status {config.unit}` and run "
-                    f"`opsctl status`: the engine may be down") from error
-            raise
-        append_record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
-                                "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),
-                                "actor": actor(), "to": dataclasses.asdict(before)})
         return RestartOutcome(False, True, attempt, rollback, before, after)

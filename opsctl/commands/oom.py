@@ -20,6 +20,7 @@ from opsctl.startup_log import GIB, EngineConfig
 
 EXIT_NONE_FOUND = 0
 EXIT_FOUND = 1
+EXIT_NOT_READ = 3
 
 
 def _say(text: str) -> None:
@@ -151,8 +152,8 @@ def oom(
     log holds an engine start that logged its pool size, each advice is checked by the memory
     planner: its KV pool in tokens against the node's context target, and whether the spike fits.
 
-    Exit status: 0 none found, 1 incidents found (or the journal could not be read),
-    2 usage error.
+    Exit status: 0 none found, 1 incidents found, 2 usage error, 3 the journal or the node's env
+    files could not be read.
     """
     if file_ is not None and since is not None:
         raise click.UsageError("--since applies to the journal only; filter the file yourself or drop --file")
@@ -166,11 +167,14 @@ def oom(
     if file_ is not None:
         lines = _read_file(file_)
     else:
-        flags = flags.merged_over(values_in_force(config.env_file, config.override_env_file))
         try:
+            flags = flags.merged_over(values_in_force(config.env_file, config.override_env_file))
             lines = list(oom_lib.read_journal(unit or config.unit, since))
-        except oom_lib.JournalError as exc:
-            raise click.ClickException(str(exc)) from None
+        except (oom_lib.JournalError, click.ClickException) as exc:
+            # not "found" (1): a script reading the exit code must not take "could not look" for an OOM
+            error = click.ClickException(exc.message if isinstance(exc, click.ClickException) else str(exc))
+            error.exit_code = EXIT_NOT_READ
+            raise error from None
     hint = EngineConfig(mem_fraction_static=flags.mem_fraction_static, chunked_prefill_size=flags.chunked_prefill_size,
                         expandable_segments=flags.expandable_segments)
     incidents = oom_lib.analyze(lines, hint)

@@ -104,7 +104,8 @@ def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: floa
         with terminations_unwind():
             outcome = restart(config, requested, reason=reason, force=force, budget_s=budget,
                               wait_lock_s=wait_lock_s, progress=progress, replace=replace,
-                              journal_lines=_journal_lines)
+                              journal_lines=_journal_lines,
+                              warn=lambda message: err_console.print(f"[yellow]{message}[/yellow]", soft_wrap=True))
     except RestartAbandoned as error:  # after the override file was written: not "nothing changed"
         progress.stop()
         error.exit_code = EXIT_DOWN
@@ -115,7 +116,7 @@ def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: floa
         raise
     except (KeyboardInterrupt, Terminated) as error:  # (once the file is written they are RestartAbandoned)
         progress.stop()
-        err_console.print(f"interrupted ({error or 'Ctrl-C'}) before anything changed")
+        err_console.print(f"interrupted ({str(error) or 'Ctrl-C'}) before anything changed")
         sys.exit(EXIT_REFUSED)
     progress.stop()
     if json_:

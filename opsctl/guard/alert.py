@@ -70,11 +70,15 @@ def to_command(command: str, alert: dict[str, Any], timeout_s: float = 30.0) -> 
 
 
 def raise_alert(limits: GuardConfig, reason: str, details: dict[str, Any],
-                socket_path: str = JOURNAL_SOCKET) -> dict[str, Any]:
-    """Send the alert on every configured channel; returns the alert with each channel's error (or None)."""
-    message = f"{TAG}: the guard stopped acting: {reason}. The engine is left on the last config that " \
-              "served; read `opsctl guard history`, fix the cause, then `opsctl guard resume`."
-    alert = {"id": GUARD_STOPPED, "tag": TAG, "message": message, "reason": reason, **details}
+                socket_path: str = JOURNAL_SOCKET, situation: str = "") -> dict[str, Any]:
+    """Send the alert on every configured channel; returns the alert with each channel's error (or None).
+
+    `situation` says what the engine is doing as the guard stops (down or serving, on what), from
+    the unit and the files: whoever is paged must not read "it serves" of an engine that is down."""
+    message = (f"{TAG}: the guard stopped acting: {reason}. {situation + ' ' if situation else ''}"
+               "Read `opsctl guard history`, fix the cause, then `opsctl guard resume`.")
+    alert = {"id": GUARD_STOPPED, "tag": TAG, "message": message, "reason": reason, "situation": situation,
+             **details}
     errors = {"journal": to_journal(message, {"reason": reason}, socket_path)}
     if limits.webhook_url:
         errors["webhook"] = to_webhook(limits.webhook_url, alert)

@@ -42,8 +42,16 @@ from opsctl.guard import policy
 from opsctl.guard.alert import raise_alert
 from opsctl.guard.state import ACTING, STOPPED, WATCHING, GuardStore, held, unalerted_damage, values_dict, values_from
 from opsctl.overrides import TunedValues, read_override_text, values_in_force
-from opsctl.restart import FATAL_MARKERS, PLANNER_JOURNAL_LINES, PLANNER_JOURNAL_TIMEOUT_S, node_plan_inputs, restart
+from opsctl.restart import (
+    FATAL_MARKERS,
+    PLANNER_JOURNAL_LINES,
+    PLANNER_JOURNAL_TIMEOUT_S,
+    history_file,
+    node_plan_inputs,
+    restart,
+)
 from opsctl.startup_log import EngineConfig
+from opsctl.state import read_records
 from opsctl.systemd import UnitState, unit_state
 
 TICK_S = 0.2
@@ -54,6 +62,9 @@ HEARTBEAT_S = 2.0
 INCIDENTS_KEPT = 100
 # After a fatal line, how long to wait for the rest of the traceback before deciding anyway.
 CLASSIFY_GRACE_S = 1.5
+# Deaths that say the tuned values do not fit this node: a config a step tried that died of one
+# is passed over by later steps (until it is seen serving, or `guard resume`).
+CONFIG_CAUSES = (oom.ACTIVATION_SPIKE, oom.FRAGMENTATION, oom.STARTUP, oom.KV_POOL)
 _RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+\.\d+)")
 
 
@@ -80,6 +91,7 @@ class Node(Protocol):
     def lowest_fraction(self) -> float | None: ...
     def wait_settled(self, budget_s: float) -> bool: ...
     def runs(self, values: TunedValues) -> bool: ...
+    def step_failed(self, step_id: int, since: float) -> bool: ...
 
 
 def death_from(incidents: list[oom.Incident]) -> policy.Death:
@@ -254,8 +266,12 @@ class Guard:
                 state["remediations"] = [t for t in state["remediations"] if t != pending["decided_at"]]
                 state["blind_restarts"] = [t for t in state["blind_restarts"] if t != pending["decided_at"]]
             elif (result.outcome in ("rolled_back", "down") and pending["to"] != pending["from"]
-                  and pending["to"] not in state["failed"]):
-                # (an `error` outcome, systemctl failing, says nothing of the config: not passed over)
+                  and pending["to"] not in state["failed"] and result.death is not None
+                  and result.death.cause in CONFIG_CAUSES):
+                # Only a death that says the config does not fit passes it over from now on: a missed
+                # start budget, an NCCL error or a GPU fault says nothing of it (nor does an `error`
+                # outcome, systemctl failing), and a config passed over for good would empty the
+                # ladder one rung at a time.
                 state["failed"].append(pending["to"])
 
     def resume_pending(self) -> None:
@@ -268,6 +284,28 @@ class Guard:
             self._audit_decision(pending, recovered=True)
         if (why := held(self.store.load())) is not None:
             self._finish(pending, ApplyResult(False, "deferred", f"{why}; the step is not finished"), recovered=True)
+            return
+        # What happened while the guard was down decides, as after a backoff (`_overtaken`): another
+        # change in flight, or a config that is neither the step's start nor its end (an operator's
+        # restart), wins; a step whose start already failed is not tried a second time.
+        if holder := self.node.lock_holder():
+            self._finish(pending, ApplyResult(False, "deferred", f"an engine change holds the lock ({holder}); "
+                                              "the step is not finished"), recovered=True)
+            return
+        in_force = policy.complete(self.node.effective())
+        if values_dict(in_force) not in (pending["from"], pending["to"]):
+            self._finish(pending, ApplyResult(
+                False, "deferred", f"the config changed while the guard was down ({self._words(values_from(pending['from']))} "
+                f"-> {self._words(in_force)}); the step decided on the old one is dropped"), recovered=True)
+            return
+        if self.node.step_failed(pending["id"], pending["decided_at"]):
+            # its start failed and the rollback had begun: the file before the step is back
+            settled = self.node.wait_settled(self.config.start_timeout_s)
+            serves = settled and self.node.runs(in_force)
+            self._finish(pending, ApplyResult(False, "rolled_back" if serves else "down",
+                                              "the step's start had failed before the guard was killed; "
+                                              + ("the engine serves on the config before it" if serves else
+                                                 "the engine is not serving")), recovered=True)
             return
         self.store.audit("resumed-step", step_id=pending["id"], phase=pending["phase"],
                          why="the guard was restarted in the middle of this step; finishing it")
@@ -287,26 +325,46 @@ class Guard:
     def stop(self, reason: str, death: policy.Death | None) -> None:
         state = self.store.load()
         last_good = state["last_good"]
-        alert = self.alert(self.limits, reason, {"death": dataclasses.asdict(death) if death else None,
-                                                 "last_good": last_good})
-        now = self.clock()
-        with self.store.update() as state:
-            state["status"] = STOPPED
-            state["stopped"] = {"reason": reason, "at": now, "alert_id": alert["id"]}
         try:
             config = values_dict(self.node.effective())
         except click.ClickException as error:  # the reason it stops, perhaps
             config = {"unreadable": error.message}
+        alert = self.alert(self.limits, reason, {"death": dataclasses.asdict(death) if death else None,
+                                                 "last_good": last_good},
+                           situation=self._situation(config, last_good))
+        now = self.clock()
+        with self.store.update() as state:
+            state["status"] = STOPPED
+            state["stopped"] = {"reason": reason, "at": now, "alert_id": alert["id"]}
         self.store.audit("stopped", reason=reason, last_good=last_good, alert_id=alert["id"],
                          delivery_errors=alert["delivery_errors"], config=config)
+
+    def _situation(self, config: dict[str, Any], last_good: dict[str, Any] | None) -> str:
+        """What the engine is doing as the guard stops, in words, from the unit and the files."""
+        try:
+            unit = self.node.unit()
+            state = f"{unit.active_state}/{unit.sub_state}"
+        except Exception as error:  # noqa: BLE001 - the alert goes out whatever systemd says
+            return f"The engine's unit could not be read ({type(error).__name__}: {error}): check it."
+        if "unreadable" in config:
+            in_force = f"its env files cannot be read ({config['unreadable']})"
+        else:
+            in_force = f"the config in force is {self._words(values_from(config))}"
+            if last_good is not None:
+                in_force += (" (the last that served)" if last_good["values"] == config else
+                             f"; the last that served was {self._words(values_from(last_good['values']))}")
+        if unit.active_state == "active":
+            return f"The engine's unit is {state}; {in_force}."
+        return f"The engine is DOWN (unit {state}); {in_force}."
 
     def observe_serving(self) -> None:
         """Remember the config in force as the last that served (the engine is healthy now)."""
         values = values_dict(policy.complete(self.node.effective()))
         state = self.store.load()
-        if state["last_good"] is None or state["last_good"]["values"] != values:
+        if state["last_good"] is None or state["last_good"]["values"] != values or values in state["failed"]:
             with self.store.update() as state:
                 state["last_good"] = {"values": values, "at": self.clock()}
+                state["failed"] = [v for v in state["failed"] if v != values]  # it serves: not passed over
             self.store.audit("serving", config=values)
 
     def heartbeat(self) -> None:
@@ -380,6 +438,17 @@ class SystemNode:
                 return False
             time.sleep(0.25)
         return False
+
+    def step_failed(self, step_id: int, since: float) -> bool:
+        """The restart history holds a failed start of guard step `step_id`, decided at `since`
+        (its rollback began). (`since`: a new state file numbers its steps from 1 again.)"""
+        try:
+            records = read_records(history_file(self.config))
+        except OSError:
+            return False
+        prefix = f"guard step {step_id}:"
+        return any(r.get("outcome") == "failed" and str(r.get("reason", "")).startswith(prefix)
+                   and r.get("epoch", 0) >= since for r in records)
 
     def runs(self, values: TunedValues) -> bool:
         """The engine serves `values`: they are in force, the engine started after the override file

@@ -25,6 +25,7 @@ class FakeNode:
         self.rollback_texts = []
         self.serving = False
         self.override = "# Managed by opsctl\n"
+        self.failed_steps = set()
 
     def effective(self):
         return self.values
@@ -55,6 +56,9 @@ class FakeNode:
     def runs(self, values):
         return self.serving and self.values == values
 
+    def step_failed(self, step_id, since):
+        return step_id in self.failed_steps
+
 
 @pytest.fixture
 def setup(tmp_path):
@@ -62,7 +66,7 @@ def setup(tmp_path):
     store = GuardStore(tmp_path)
     alerts = []
 
-    def alert(limits, reason, details):
+    def alert(limits, reason, details, situation=""):
         alerts.append(reason)
         return {"id": "x", "delivery_errors": {}}
 
@@ -229,7 +233,7 @@ def test_a_step_is_dropped_when_the_guard_is_paused_or_the_config_changes_during
     store = GuardStore(tmp_path)
     _backoff_pending(store)
     node = FakeNode([ApplyResult(True, "ok", "healthy", 3.0)])
-    guard = Guard(config, node, store, alert=lambda *a: {"id": "x", "delivery_errors": {}},
+    guard = Guard(config, node, store, alert=lambda *a, **k: {"id": "x", "delivery_errors": {}},
                   sleep=lambda s: meanwhile(store, node))
     guard.on_death(policy.Death(oom.FRAGMENTATION, "cuda_oom"), {})
     assert node.applied == []
@@ -292,7 +296,7 @@ def test_a_step_killed_after_writing_its_file_rolls_back_to_the_file_before_it(t
         return restart_module.StartReport(ok, "healthy" if ok else "the engine exited (status 1)", 1.0,
                                           "ready", [])
     monkeypatch.setattr(restart_module, "start_and_wait", start)
-    Guard(config, node, store, alert=lambda *a: {"id": "x", "delivery_errors": {}}).resume_pending()
+    Guard(config, node, store, alert=lambda *a, **k: {"id": "x", "delivery_errors": {}}).resume_pending()
     assert "expandable_segments:True" in starts[0] and starts[1] == before
     assert override.read_text() == before
     assert store.records()[-1]["outcome"] == "rolled_back"
@@ -343,3 +347,92 @@ def test_guard_commands_of_a_user_who_may_not_read_its_files_say_so(tmp_path, mo
     result = CliRunner().invoke(cli, ["guard", *args])
     assert result.exit_code == code and "Traceback" not in result.output, result.output
     assert "guard-state.json: Permission denied" in result.output and "sudo opsctl guard" in result.output
+
+
+def test_a_killed_step_is_dropped_when_an_operator_changed_the_config_while_the_guard_was_down(setup):
+    """Killed mid-step; meanwhile an operator's `opsctl restart --fraction 0.90` came up. Before,
+    the restarted guard re-applied its step over the operator's values, restarting a healthy
+    engine."""
+    _, store, make, _ = setup
+    pending = _kill_mid_step(make, store)
+    node, guard = make([ApplyResult(True, "ok", "healthy", 3.0)])
+    node.values, node.serving = TunedValues(0.90, 8192, False), True
+    guard.resume_pending()
+    assert node.applied == [] and store.load()["pending"] is None
+    outcome = store.records()[-1]
+    assert (outcome["step_id"], outcome["outcome"]) == (pending["id"], "deferred")
+    assert "the config changed while the guard was down" in outcome["why"]
+
+
+def test_a_killed_step_is_not_finished_while_another_change_holds_the_lock(setup):
+    _, store, make, _ = setup
+    _kill_mid_step(make, store)
+    node, guard = make([ApplyResult(True, "ok", "healthy", 3.0)])
+    node.lock_holder = lambda: "root: restart (pid 4242)"
+    guard.resume_pending()
+    assert node.applied == [] and store.records()[-1]["outcome"] == "deferred"
+    assert "root: restart (pid 4242)" in store.records()[-1]["why"]
+
+
+@pytest.mark.parametrize("serving, outcome", [(True, "rolled_back"), (False, "down")])
+def test_a_step_killed_during_its_rollback_is_not_tried_a_second_time(setup, serving, outcome):
+    """The step's start failed and its rollback had begun when the guard was killed: the resumed
+    guard repeated the step that had just failed, with another outage."""
+    _, store, make, _ = setup
+    pending = _kill_mid_step(make, store)
+    node, guard = make([ApplyResult(True, "ok", "healthy", 3.0)])
+    node.failed_steps, node.serving = {pending["id"]}, serving  # the file before the step is back
+    guard.resume_pending()
+    assert node.applied == []
+    assert store.records()[-1]["outcome"] == outcome and store.load()["pending"] is None
+
+
+@pytest.mark.parametrize("death, passed_over", [
+    (None, False),                                                   # the start budget ran out
+    (policy.Death(oom.NOT_MEMORY, "nccl"), False),                   # an NCCL error, a GPU fault
+    (policy.Death(oom.FRAGMENTATION, "cuda_oom"), True),             # the config does not fit
+])
+def test_only_a_memory_death_passes_a_tried_config_over(setup, death, passed_over):
+    """A step whose start missed its budget once was passed over for good: the cost-free rung
+    was lost for the next fragmentation OOM weeks later."""
+    _, store, make, _ = setup
+    node, guard = make([ApplyResult(False, "rolled_back", "not healthy within the start budget", 900.0, death)])
+    guard.on_death(policy.Death(oom.FRAGMENTATION, "cuda_oom"), {})
+    tried = {"mem_fraction_static": 0.94, "chunked_prefill_size": 8192, "expandable_segments": True}
+    assert (tried in store.load()["failed"]) is passed_over
+
+
+def test_a_config_seen_serving_is_no_longer_passed_over(setup):
+    _, store, make, _ = setup
+    node, guard = make([])
+    with store.update() as state:
+        state["failed"] = [dataclasses.asdict(SEED)]
+    guard.observe_serving()
+    assert store.load()["failed"] == []
+
+
+@pytest.mark.parametrize("unit, words", [
+    (UnitState("sglang.service", "loaded", "failed", "failed", "exit-code", 5, 0, 1, "enabled", None),
+     "The engine is DOWN (unit failed/failed)"),
+    (UnitState("sglang.service", "loaded", "active", "running", "success", 0, 42, 0, "enabled", None),
+     "The engine's unit is active/running"),
+])
+def test_the_stop_alert_says_whether_the_engine_is_down(tmp_path, unit, words):
+    """The alert said "the engine is left on the last config that served" of an engine in a
+    crash loop: whoever is paged read that it served."""
+    from opsctl.guard import alert as alert_module
+
+    config = NodeConfig(state_dir=tmp_path, guard=GuardConfig(budget_per_hour=4))
+    store = GuardStore(tmp_path)
+    node = FakeNode([])
+    node.unit = lambda: unit
+    sent = []
+
+    def alert(limits, reason, details, situation=""):
+        sent.append(alert_module.raise_alert(limits, reason, details, socket_path=str(tmp_path / "none"),
+                                             situation=situation))
+        return sent[-1]
+    Guard(config, node, store, alert=alert).stop("crash loop", None)
+    message = sent[0]["message"]
+    assert words in message and "fraction 0.94, chunk 8192, expandable_segments False" in message
+    assert "left on the last config that served" not in message

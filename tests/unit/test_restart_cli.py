@@ -1,7 +1,11 @@
 """opsctl restart / overrides: the errors a person sees before anything on the node changes."""
 
+import contextlib
 import json
+import os
+import signal as signals
 import subprocess
+from pathlib import Path
 
 import click
 import pytest
@@ -183,6 +187,123 @@ def test_remote_targets_become_the_node_side_command(monkeypatch):
         remote.remote_command({"host": "ftp://node"}, ["status"])
     with pytest.raises(click.UsageError, match="-l/--limit needs -i/--inventory"):
         remote.remote_command({"limit": "dflash-train"}, ["status"])
+
+
+def test_an_operator_at_a_terminal_gets_one_on_the_node_so_ctrl_c_reaches_it(monkeypatch):
+    """Without a terminal on the node, Ctrl-C only killed the local ssh: the node's restart went
+    on unseen. At a terminal the node's opsctl now gets one (its Ctrl-C restores the file and
+    exits 3); piped output gets none, so a --json document stays unmixed with stderr."""
+    from opsctl import remote
+
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert remote.remote_command({"host": "ssh://ops@gpu-7"}, ["restart", "--fraction", "0.92"]) == [
+        "ssh", "-o", "ConnectTimeout=10", "-t", "ops@gpu-7", "opsctl restart --fraction 0.92"]
+    assert remote.remote_command({"host": "docker://dflash-train"}, ["status"]) == [
+        "docker", "exec", "--interactive", "--tty", "dflash-train", "opsctl", "status"]
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)  # `opsctl -H ... status --json | jq`
+    assert remote.remote_command({"host": "ssh://ops@gpu-7"}, ["status", "--json"]) == [
+        "ssh", "-o", "ConnectTimeout=10", "ops@gpu-7", "opsctl status --json"]
+    assert "--tty" not in remote.remote_command({"host": "docker://dflash-train"}, ["status", "--json"])
+
+
+def test_a_reader_that_went_away_does_not_stop_a_restart(node, monkeypatch):
+    """A dropped ssh session closes the node's stderr: rich turned the broken pipe at the next
+    progress line into SystemExit(1), abandoning the start with no rollback and exiting 1 ("rolled
+    back"). Now the console goes quiet and the restart runs to its end, rollback included."""
+    from opsctl import output
+    from opsctl import restart as restart_module
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed = output._Console(file=os.fdopen(write_end, "w"), force_terminal=False)
+    monkeypatch.setattr("opsctl.commands.restart.err_console", closed)
+    progress_lines = []
+
+    def start(config, budget_s, progress):
+        progress("loading weights", 1.0)  # written to the closed pipe
+        progress_lines.append("after")
+        return restart_module.StartReport(len(progress_lines) == 2, "the engine exited (status 1)", 1.0,
+                                          "loading weights", [])
+    monkeypatch.setattr(restart_module, "start_and_wait", start)
+    try:
+        result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    finally:
+        with contextlib.suppress(BrokenPipeError):
+            closed.file.close()
+    assert result.exit_code == 1, result.output  # rolled back, healthy again
+    assert progress_lines == ["after", "after"] and closed.quiet
+    assert [(r["event"], r["outcome"]) for r in _history(node)] == [
+        ("restart", "started"), ("restart", "failed"), ("rollback", "ok")]
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+
+
+def test_a_systemexit_while_following_a_start_restores_the_file_and_exits_3(node, monkeypatch):
+    _fake_starts(monkeypatch, node, SystemExit(1))
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 3 and "could not be followed (SystemExit: 1)" in result.output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+
+
+def test_a_second_ctrl_c_during_the_restore_is_held_off_until_the_file_is_back(node, monkeypatch):
+    """The first Ctrl-C stops the start; a second one during the restore's write used to cancel
+    it, leaving 0.91 in the file, and print "before anything changed" with exit 2."""
+    from opsctl import restart as restart_module
+
+    _fake_starts(monkeypatch, node, KeyboardInterrupt())
+    real_write = restart_module.write_override_text
+
+    def write_with_a_second_ctrl_c(path, text):
+        if text == ORIGINAL_OVERRIDE:
+            signals.raise_signal(signals.SIGINT)
+        real_write(path, text)
+    monkeypatch.setattr(restart_module, "write_override_text", write_with_a_second_ctrl_c)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 3 and "could not be followed (interrupted)" in result.output, result.output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    assert _history(node)[-1]["outcome"] == "abandoned"
+
+
+def test_ctrl_c_during_the_rollbacks_write_still_puts_the_previous_file_back(node, monkeypatch):
+    from opsctl import restart as restart_module
+
+    seen = _fake_starts(monkeypatch, node, False, True)
+    real_write = restart_module.write_override_text
+
+    def write_with_ctrl_c(path, text):
+        if text == ORIGINAL_OVERRIDE:
+            signals.raise_signal(signals.SIGINT)
+        real_write(path, text)
+    monkeypatch.setattr(restart_module, "write_override_text", write_with_ctrl_c)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 3 and "the rollback's start could not be followed (interrupted)" in result.output
+    assert len(seen) == 1 and (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    assert [(r["event"], r["outcome"]) for r in _history(node)] == [
+        ("restart", "started"), ("restart", "failed"), ("rollback", "abandoned")]
+
+
+STARTUP_093 = (Path(__file__).parents[1] / "fixtures" / "oom" / "startup_093.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize("args, refused", [
+    ([], False),                                          # a plain restart of a hung engine
+    (["--chunked-prefill-size", "2048"], False),          # a safer chunk
+    (["--fraction", "0.92"], True),                       # a smaller pool, further from the target
+    (["--fraction", "0.932"], False),                     # a larger pool, still short: better, warned
+])
+def test_the_planner_refuses_only_a_change_that_makes_its_problem_worse(node, monkeypatch, args, refused):
+    """A node on the default 200k target whose 0.93 start logged 195,011 tokens: a bare restart
+    (or a smaller chunk) was refused for a fraction nobody was changing."""
+    (node / "override.env").write_text("# Managed by opsctl\n")
+    monkeypatch.setattr("opsctl.commands.restart._journal_lines", lambda: STARTUP_093)
+    seen = _fake_starts(monkeypatch, node, True)
+    result = CliRunner().invoke(cli, ["restart", *args])
+    assert "of the 200,000-token target" in result.output
+    if refused:
+        assert result.exit_code == 2 and "the planner refuses this change" in result.output and seen == []
+    else:
+        assert result.exit_code == 0, result.output
+        assert "the planner warns (the values in force already have this; not refused)" in result.output
 
 
 @pytest.mark.parametrize("argv", [["--host=docker://dflash-train", "status"], ["-Hdocker://dflash-train", "status"],
