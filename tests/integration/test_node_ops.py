@@ -6,6 +6,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 
 import pytest
 from labnode import REPO
@@ -199,6 +200,45 @@ def test_a_playbook_run_whose_engine_dies_fails_at_once_and_says_why(lab_node):
     assert lab_node.sh("test -e /var/lib/sglang-role/restart-due").returncode != 0
     code, report = lab_node.status()
     assert code == 0 and report["engine"]["running"]["mem_fraction_static"] == 0.93
+
+
+def test_a_check_run_changes_nothing_and_says_what_it_would_do(lab_node):
+    """--check --diff on a provisioned, healthy node reports no change; on a node whose engine
+    is down (the seed's state after its OOM) it says the engine would start, where it failed
+    before with "/health answers but sglang.service is inactive", and starts nothing."""
+    clean = lab_node.provision("--check", "--diff")
+    assert clean.returncode == 0, clean.stdout[-3000:]
+    assert re.search(r"dflash-train\s*:\s*ok=\d+\s+changed=0\s", clean.stdout), clean.stdout[-3000:]
+    lab_node.sh("systemctl stop sglang.service", check=True)
+    try:
+        down = lab_node.provision("--check", "--diff")
+        assert down.returncode == 0, down.stdout[-3000:]
+        assert "sglang.service is inactive (dead): it would start" in " ".join(down.stdout.split())
+        assert lab_node.sh("systemctl is-active sglang.service").stdout.strip() == "inactive"
+    finally:
+        assert lab_node.provision().returncode == 0
+    assert lab_node.status()[0] == 0
+
+
+def test_a_restart_made_since_a_due_mark_is_not_repeated_by_the_next_run(lab_node):
+    """A failed run left a restart due; an operator's `opsctl restart` (or the guard, or a
+    rollout) brought the engine up since, on what is on disk. The next site.yml run clears the
+    mark instead of restarting the engine again (minutes of model load in production)."""
+    lab_node.sh("mkdir -p /var/lib/sglang-role && echo due > /var/lib/sglang-role/restart-due")
+    time.sleep(1.2)  # (the mark's mtime and the run's start are compared in whole seconds)
+    assert lab_node.opsctl("restart", "--reason", "after a failed playbook run").returncode == 0
+    run = lab_node.sh("systemctl show --property=InvocationID --value sglang.service").stdout.strip()
+    again = lab_node.provision()
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "so it is not restarted again" in " ".join(again.stdout.split())
+    assert lab_node.sh("test -e /var/lib/sglang-role/restart-due").returncode != 0
+    assert lab_node.sh("systemctl show --property=InvocationID --value sglang.service").stdout.strip() == run
+    # a mark newer than the engine's run (a change it has not started on) still restarts it
+    lab_node.sh("echo due > /var/lib/sglang-role/restart-due")
+    due = lab_node.provision()
+    assert due.returncode == 0, due.stdout[-3000:]
+    assert lab_node.sh("systemctl show --property=InvocationID --value sglang.service").stdout.strip() != run
+    assert lab_node.sh("test -e /var/lib/sglang-role/restart-due").returncode != 0
 
 
 def test_a_rebuilt_image_reaches_the_engine_and_keeps_the_one_it_replaced(lab_node, tmp_path):

@@ -73,6 +73,27 @@ def test_without_mainpid_only_the_budget_applies():
     assert result.returncode == 1 and "not healthy after" in result.stderr
 
 
+PORT_FREE = WAIT_HEALTHY.parent / "sglang-port-free"
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="no ss (iproute2) here")
+def test_the_engine_does_not_start_while_another_server_holds_its_port():
+    """The health gate takes any 200 on the port for the engine's: a server started by hand would
+    make every run "healthy" while the engine dies on the GPUs it holds."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        held = subprocess.run(["sh", str(PORT_FREE), str(port)], capture_output=True, text=True, timeout=30)
+    assert held.returncode == 1
+    assert f"port {port} is already in use, so the engine is not started" in held.stderr
+    assert "python" in held.stderr  # the listener is named (ss -p)
+    free = subprocess.run(["sh", str(PORT_FREE), str(port)], capture_output=True, text=True, timeout=30)
+    assert free.returncode == 0 and free.stderr == ""
+
+
 ENGINE_NODE = Path(__file__).resolve().parents[2] / "ansible" / "files" / "sglang-engine-node"
 
 
@@ -233,3 +254,17 @@ def test_a_start_that_dies_fails_at_once_and_stops_the_unit_only_when_told(tmp_p
         assert result["exited"] is True and looks[-1] == "auto-restart"
     else:
         assert result["exited"] is None and "auto-restart" not in looks
+
+
+def test_the_api_key_in_sglangs_logged_server_args_never_reaches_the_controller():
+    """The start helper hands the new run's last journal lines to Ansible (its output, a
+    rollout's ansible.log and host records, off the node): SGLang logs the key in server_args."""
+    helper = engine_node()
+    line = ("[2026-12-05 09:00:01] server_args=ServerArgs(model_path='/models/Kimi-K2.6', api_key='sk-live-123', "
+            "admin_api_key=\"adm'in\", port=30000)")
+    assert helper.redacted(line) == ("[2026-12-05 09:00:01] server_args=ServerArgs(model_path='/models/Kimi-K2.6', "
+                                     "api_key='***', admin_api_key=\"***\", port=30000)")
+    assert helper.redacted("launch: python -m sglang.launch_server --api-key sk-live-123 --port 30000") == (
+        "launch: python -m sglang.launch_server --api-key *** --port 30000")
+    assert helper.redacted('{"api_key": "sk-live-123"}') == '{"api_key": "***"}'
+    assert helper.redacted("api_key=None, port=30000") == "api_key=None, port=30000"

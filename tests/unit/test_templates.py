@@ -109,3 +109,23 @@ def test_the_unit_parser_follows_systemds_rules():
     unit = 'ExecStart=/bin/x "a b" \'a"b\' c\\ d 100%% $$HOME ${ONE} $MANY "${ONE}x" "q\\"q" "t\\tu"\n'
     assert render.exec_start_argv(unit, {"ONE": "1", "MANY": "m n"}) == [
         "/bin/x", "a b", 'a"b', "c d", "100%", "$HOME", "1", "m", "n", "1x", 'q"q', "t\tu"]
+
+
+def test_a_gpu_device_list_reaches_docker_as_one_quoted_value():
+    """Docker wants --gpus '"device=0,1,2,3"' (its parser splits an unquoted list at the commas
+    and refuses it); unquoted in ExecStart, systemd dropped the quotes, so the GPU check (which
+    passes the value as it is) passed and the unit never started."""
+    from opsctl import render
+
+    settings = render.role_settings(sglang_gpus='"device=0,1,2,3"')
+    argv = render.exec_start_argv(render.render("sglang.service.j2", settings),
+                                  render.parse_env_file(render.render("sglang.env.j2", settings)))
+    assert argv[argv.index("--gpus") + 1] == '"device=0,1,2,3"'
+
+
+def test_an_ipv6_engine_address_is_bracketed_in_the_health_url():
+    from opsctl import render
+
+    unit = render.render("sglang.service.j2", render.role_settings(sglang_host="::1"))
+    assert "sglang-wait-healthy http://[::1]:30000/health" in unit
+    assert "--host ::1 " in unit

@@ -46,8 +46,36 @@ def test_the_lab_inventory_passes(checks):
     (dict(sglang_restart_delay_s=-1), "the stop grace and the restart delay not negative"),
     (dict(sglang_start_limit_burst=0), "the burst and its interval must be positive"),
     (dict(sglang_mem_fraction_static=1.2), "is out of range"),
-], ids=["tuned-name", "bad-name", "newline", "negative-delay", "zero-burst", "fraction"])
+    (dict(sglang_extra_args=["--mem-fraction-static", "0.97"]), "sglang_extra_args has --mem-fraction-static"),
+    (dict(sglang_extra_args=["--enable-torch-compile", "--mem-frac=0.97"]),
+     "sglang_extra_args has --mem-frac, which is (or abbreviates) --mem-fraction-static"),
+    (dict(sglang_extra_args=["--api-key", "sk-1"]), "sglang_extra_args has --api-key"),
+    (dict(engine_image_context_extras=[{"src": "/tmp", "dest": ".."}]), "must be one folder name"),
+], ids=["tuned-name", "bad-name", "newline", "negative-delay", "zero-burst", "fraction", "extra-tuned-flag",
+        "extra-abbreviated", "extra-api-key", "context-outside"])
 def test_a_bad_value_stops_the_play_with_what_to_do(checks, values, message):
     result = checks(**values)
     assert result.returncode != 0 and "failed=1" in result.stdout
     assert message in " ".join(result.stdout.split()), result.stdout[-3000:]
+
+
+def test_extra_arguments_the_unit_does_not_set_pass(checks):
+    result = checks(sglang_extra_args=["--enable-metrics-for-all-schedulers", "--log-level-http", "warning",
+                                       "--json-model-override-args", '{"a": "--port"}'])
+    assert result.returncode == 0 and "failed=0" in result.stdout, result.stdout[-3000:]
+
+
+def test_every_flag_the_unit_gives_the_engine_is_guarded_against_a_second_value():
+    """The flags the rendered unit passes are the ones sglang_extra_args may not repeat: a flag
+    added to the template and not to the check would be silently overridable."""
+    import yaml
+
+    from opsctl import render
+
+    checks = yaml.safe_load((ANSIBLE / "tasks" / "validate.yml").read_text())
+    owned = next(task["vars"]["__owned"] for task in checks if "sglang_extra_args" in task.get("name", ""))
+    argv = render.engine_argv(sglang_api_key_file="/etc/sglang/api-key.yaml", sglang_enable_metrics=True,
+                              sglang_disable_radix_cache=True, sglang_trust_remote_code=True,
+                              sglang_speculative_algorithm="DFLASH", sglang_speculative_draft_model_path="/m/d")
+    flags = {arg for arg in argv if arg.startswith("--")}
+    assert flags and flags <= set(owned), flags - set(owned)
