@@ -25,6 +25,7 @@ ACTIVATION_SPIKE = "activation_spike"  # a transient did not fit the headroom (1
 FRAGMENTATION = "fragmentation"  # the cached-but-unallocated blocks would have held it
 KV_POOL = "kv_pool_too_small"  # the pool ran out (retract, prefill/decode out of memory)
 STARTUP = "startup_allocation"  # weights + pool (+ graphs) do not fit at startup
+WEIGHTS_LOAD = "weights_load"  # the weights alone do not fit (another process, too few GPUs): no fraction helps
 HOST_MEMORY = "host_memory"  # the kernel's OOM killer: host RAM, not the GPU
 NOT_MEMORY = "not_memory"  # illegal memory access, NCCL, other exceptions
 UNKNOWN = "unknown"  # a kill or SIGQUIT with no cause in view
@@ -72,6 +73,10 @@ _STARTUP_FRAMES = re.compile(
     r"init_memory_pool|alloc_memory_pool|kv_cache_configurator|profile_max_num_token|load_model|"
     r"init_cuda_graphs|capture_|init_device_graphs"
 )
+# Frames of loading the weights, and of sizing the pool after them.
+_WEIGHT_FRAMES = re.compile(r"\bload_model\b|\bload_weights\b|model_loader")
+_POOL_FRAMES = re.compile(r"init_memory_pool|alloc_memory_pool|kv_cache_configurator|profile_max_num_token|"
+                          r"init_cuda_graphs|capture_|init_device_graphs")
 # The scheduler's per-batch lines: the engine is serving.
 BATCH_LINE = re.compile(r"\b(?:Prefill|Decode) batch\b")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
@@ -221,6 +226,7 @@ class _Pending:
     phase: str
     config: EngineConfig | None
     raw: list[str] = field(default_factory=list)
+    loading_weights: bool = False  # the engine start in view logged "Load weight begin" and not its end
 
 
 class OomScanner:
@@ -245,6 +251,10 @@ class OomScanner:
         if run is not None and run.config is not None and any(value is not None for value in vars(run.config).values()):
             return run.config.merged_with(self.config_hint)
         return replace(self.config_hint) if self.config_hint is not None else None
+
+    def _loading_weights(self) -> bool:
+        run = self.startups.current
+        return run is not None and run.load_begin_avail_gib is not None and run.load_end_avail_gib is None
 
     def _phase(self) -> str:
         run = self.startups.current
@@ -294,14 +304,15 @@ class OomScanner:
             done.extend(self.flush())
             done.extend(self._crash_signal(rec))
         elif (m := _HIT_EXCEPTION.search(msg)) is not None:
-            self._pending[key] = _Pending(rec, [m[2]] if m[2] else [], self._phase(), self._config(), [rec.raw])
+            self._pending[key] = _Pending(rec, [m[2]] if m[2] else [], self._phase(), self._config(), [rec.raw],
+                                          self._loading_weights())
         elif (
             _OOM_MARK.search(msg)
             or _NO_KV.search(msg)
             or "Prefill out of memory" in msg
             or "Decode out of memory" in msg
         ):
-            self._pending[key] = _Pending(rec, [msg], self._phase(), self._config(), [rec.raw])
+            self._pending[key] = _Pending(rec, [msg], self._phase(), self._config(), [rec.raw], self._loading_weights())
         elif (m := _RETRACT.search(msg)) is not None:
             incident = self._new(rec, "kv_pool_full", KV_POOL, self._config(), self._phase())
             incident.detail = f"KV cache pool is full; {m[1] or '?'} requests retracted"
@@ -318,7 +329,7 @@ class OomScanner:
                 incident.detail = "systemd: a process of the unit was killed by the OOM killer"
                 done.extend(self._emit(incident))
         elif _ILLEGAL.search(msg) or _NCCL.search(msg) or _CUDA_ERROR.search(msg):
-            self._pending[key] = _Pending(rec, [msg], self._phase(), self._config(), [rec.raw])
+            self._pending[key] = _Pending(rec, [msg], self._phase(), self._config(), [rec.raw], self._loading_weights())
         return done
 
     @staticmethod
@@ -395,7 +406,13 @@ class OomScanner:
             incident.detail = oom_text[:300]
             startup = pending.phase == "startup" or (pending.phase == "unknown" and _STARTUP_FRAMES.search(text))
             expandable = bool(pending.config and pending.config.expandable_segments)
-            if startup:
+            # The fraction sizes the KV pool after the weights load: an OOM while they load is no
+            # reason to lower it (the OOM message names other processes that hold memory).
+            loading = pending.loading_weights or (pending.phase != "serving" and _WEIGHT_FRAMES.search(text)
+                                                  and not _POOL_FRAMES.search(text))
+            if loading:
+                incident.classification = WEIGHTS_LOAD
+            elif startup:
                 incident.classification = STARTUP
             elif (
                 not expandable
@@ -536,6 +553,14 @@ def rule_recommendation(incident: Incident) -> Recommendation:
                 )
             ],
             ["or lower --max-running-requests or --context-length"],
+        )
+    if c == WEIGHTS_LOAD:
+        return Recommendation(
+            "the weights do not fit on the GPU while they load: --mem-fraction-static cannot help (it sizes "
+            "the KV pool after the weights)",
+            notes=["another process holding GPU memory is the usual cause: the OOM message names it "
+                   "(\"Process N has ... in use\"); check nvidia-smi on the node",
+                   "otherwise the model needs more GPUs (--tp-size) or a smaller quantization"],
         )
     if c == HOST_MEMORY:
         return Recommendation(

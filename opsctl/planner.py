@@ -66,26 +66,39 @@ class GpuSpec:
         return self.total_gib - self.non_torch_gib
 
 
+# Memory in use beyond the pool while a prefill runs, besides the chunk's own buffer, that the
+# logged headroom does not show: SGLang logs available_gpu_mem before its warm-up, and the
+# warm-up and the first requests allocate NCCL channels, cuBLAS/Triton workspaces and persistent
+# buffers. Fitted from the seed node's OOM at 0.94 / chunk 8192: of the 4.28 GiB the log left,
+# 893 MiB were free and 1.40 GiB reserved but unallocated, so 2.0 GiB were in use before the
+# chunk's 896 MiB buffer was asked for.
+DEFAULT_SERVING_BASE_GIB = 2.0
+
+
 @dataclass(frozen=True)
 class ActivationModel:
-    """Transient memory of one prefill chunk beyond the static pool, in bytes.
+    """Memory a prefill chunk needs beyond the static pool and what the log shows, in bytes.
 
-    ``spike(chunk) = ref_bytes * (chunk / ref_chunk) ** exponent``. The default 896 MiB at
-    chunk 8192 is the allocation that failed in the seed incident; it equals
+    ``spike(chunk) = base_bytes + ref_bytes * (chunk / ref_chunk) ** exponent``: a part that
+    does not shrink with the chunk (DEFAULT_SERVING_BASE_GIB) and the chunk's own buffer. The
+    default 896 MiB at chunk 8192 is the allocation that failed in the seed incident; it equals
     8192 tokens x top-8 experts x hidden 7168 x 2 bytes (the MoE dispatch buffer of a
     DeepSeek V3 shape), which grows linearly with the chunk, hence exponent 1.
-    Calibrated from OOMs, `ref_bytes` becomes the whole working set the OOM proved.
+    Calibrated from an OOM, the failed allocation raises the chunk's part and the rest of what
+    the OOM proved raises the base: only the failed allocation is known to scale with the chunk,
+    so a smaller chunk is never predicted to free more than its share of that.
     """
 
     ref_chunk: int = 8192
     ref_bytes: int = 896 * MIB
     exponent: float = 1.0
-    source: str = "default (896 MiB at chunk 8192, linear)"
+    base_bytes: int = int(DEFAULT_SERVING_BASE_GIB * GIB)
+    source: str = "default (2.0 GiB in use while serving + 896 MiB at chunk 8192, linear)"
 
     def spike_bytes(self, chunk: int) -> int:
         if chunk <= 0:
             raise PlanError(f"chunk size must be positive, got {chunk}")
-        return int(self.ref_bytes * (chunk / self.ref_chunk) ** self.exponent)
+        return self.base_bytes + int(self.ref_bytes * (chunk / self.ref_chunk) ** self.exponent)
 
 
 @dataclass(frozen=True)
@@ -439,6 +452,9 @@ def calibrate_from_startup(inputs: PlanInputs, facts: StartupFacts, kv_dtype_byt
         raise PlanError("the log has no server_args line with mem_fraction_static; cannot calibrate")
     if facts.load_begin_avail_gib is None:
         raise PlanError("the log has no 'Load weight begin. avail mem=' line; cannot calibrate")
+    if facts.load_begin_avail_gib <= 0:
+        raise PlanError(f"the log's 'Load weight begin. avail mem={facts.load_begin_avail_gib:.2f} GB' leaves "
+                        "nothing to size a pool from; calibrate from another engine start")
     changes: dict = {}
     notes = list(inputs.notes)
     if config.tp_size:
@@ -500,7 +516,8 @@ def calibrate_from_ooms(inputs: PlanInputs, observations: Iterable[SpikeObservat
     """Raise the activation model to what each OOM proved.
 
     An OOM at (fraction f, chunk c) means the chunk's transient needs exceeded the headroom
-    at f by at least `tried - free`: spike(c) >= headroom(f) + tried - free. Fragmentation
+    at f by at least `tried - free`: spike(c) >= headroom(f) + tried - free, of which `tried`
+    (the failed allocation) is the chunk's own buffer and the rest the base. Fragmentation
     seen in the message (reserved but unallocated) is part of that and is taken out when
     known (and becomes the fragmentation allowance). The model is raised, never lowered.
     """
@@ -514,16 +531,19 @@ def calibrate_from_ooms(inputs: PlanInputs, observations: Iterable[SpikeObservat
         if obs.reserved_unallocated_bytes is not None and not obs.expandable_segments:
             proven -= obs.reserved_unallocated_bytes
             fragmentation = max(fragmentation, obs.reserved_unallocated_bytes / GIB)
-        implied_ref = int(proven / (obs.chunk / model.ref_chunk) ** model.exponent)
-        if implied_ref > model.ref_bytes:
+        implied_ref = int(obs.tried_bytes / (obs.chunk / model.ref_chunk) ** model.exponent)
+        implied_base = proven - obs.tried_bytes
+        if implied_ref > model.ref_bytes or implied_base > model.base_bytes:
             model = replace(
                 model,
-                ref_bytes=implied_ref,
+                ref_bytes=max(model.ref_bytes, implied_ref),
+                base_bytes=max(model.base_bytes, implied_base),
                 source=f"OOM at fraction {obs.fraction}, chunk {obs.chunk}{' ' + obs.label if obs.label else ''}",
             )
             notes.append(
                 f"spike at chunk {obs.chunk} is at least {proven / GIB:.2f} GiB "
-                f"(OOM at fraction {obs.fraction})"
+                f"(OOM at fraction {obs.fraction}: {implied_base / GIB:.2f} GiB in use besides the chunk's "
+                f"{obs.tried_bytes / GIB:.2f} GiB)"
             )
     return replace(inputs, activation=model, fragmentation_gib=fragmentation, notes=tuple(notes))
 

@@ -31,8 +31,10 @@ _JOURNAL_ISO = re.compile(
     r"^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:?\d\d|Z)?) (?P<host>\S+) (?P<ident>[^\s\[:]+)(?:\[(?P<pid>\d+)\])?: ?(?P<msg>.*)$"
 )
 # SGLang's logging prefix: `[2026-05-31 10:05:32 TP0] ` or `[2026-05-31 10:05:32 DP0 TP3 EP3] `
-# or, for processes without a rank, `[2026-05-31 10:05:32] `.
-_ENGINE_PREFIX = re.compile(r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?P<ranks>(?: [A-Z]+\d+)*)\] ?(?P<msg>.*)$")
+# (or ATTN_CP0, MOE_DP0 ranks), with milliseconds under SGLANG_LOG_MS (`10:05:32.123`), or, for
+# processes without a rank, `[2026-05-31 10:05:32] `.
+_ENGINE_PREFIX = re.compile(
+    r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?(?P<ranks>(?: [A-Z][A-Z_]*\d+)*)\] ?(?P<msg>.*)$")
 _TP_RANK = re.compile(r"\bTP(\d+)\b")
 # Where a flattened excerpt (several journal records pasted on one line) starts its next record.
 _EMBEDDED_JOURNAL = re.compile(rf"(?<=\S) (?={_MONTH} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s\[:]+\[\d+\]: )")

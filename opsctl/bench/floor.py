@@ -18,6 +18,12 @@ from dataclasses import dataclass
 # Kimi K2 / DeepSeek V3 MLA: (512 + 64) latent values * 2 bytes (bf16) * 61 layers.
 KIMI_K2_KV_CELL_BYTES = (512 + 64) * 2 * 61  # 70,272 bytes per token of context
 
+
+def kimi_kv_cell_bytes(kv_cache_dtype: str | None) -> int:
+    """The Kimi K2 cell in the server's KV dtype (`/server_info`'s kv_cache_dtype): an fp8 cache
+    reads half the bytes, so a bf16 floor would read it 2x better than it is."""
+    return KIMI_K2_KV_CELL_BYTES // 2 if str(kv_cache_dtype or "").startswith("fp8") else KIMI_K2_KV_CELL_BYTES
+
 # Per-GPU memory bandwidth in TB/s (1e12 bytes per second).
 GPU_BANDWIDTH_TBS: dict[str, float] = {
     "rtx-pro-6000": 1.79,  # RTX PRO 6000 Blackwell, GDDR7 datasheet

@@ -482,6 +482,11 @@ def run_sweep(
         if not ok:
             return stop("server_down", current, f"server not healthy before the sweep: /health {detail}")
         info = client.server_info()
+        if result.floor and result.floor.pop("kv_cell_from_server", False):
+            from opsctl.bench.floor import Floor, kimi_kv_cell_bytes
+
+            result.floor = Floor(result.floor["bandwidth_tbs"], kimi_kv_cell_bytes((info or {}).get("kv_cache_dtype")),
+                                 result.floor["label"]).to_dict()
         if resume_from is None:
             result.meta = collect_meta(client, info)
         result.meta.update(meta_extra or {})

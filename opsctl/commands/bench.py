@@ -109,9 +109,9 @@ def floor_options(f):
     f = click.option(
         "--kv-cell-bytes",
         type=click.IntRange(min=1),
-        default=floor_mod.KIMI_K2_KV_CELL_BYTES,
-        show_default=True,
-        help="KV bytes per token of context, all layers (Kimi K2 MLA: 576 values * 2 B * 61 layers).",
+        default=None,
+        help="KV bytes per token of context, all layers [default: Kimi K2's MLA cell in the server's KV "
+        "dtype: 576 values * 61 layers * 2 B for bf16, 1 B for fp8].",
     )(f)
     f = click.option(
         "--bandwidth-tbs",
@@ -153,8 +153,9 @@ def output_options(f):
     return f
 
 
-def _floor(gpu: str, bandwidth_tbs: float | None, kv_cell_bytes: int) -> dict:
-    return floor_mod.make_floor(gpu, bandwidth_tbs, kv_cell_bytes).to_dict()
+def _floor(gpu: str, bandwidth_tbs: float | None, kv_cell_bytes: int | None, kv_cache_dtype: str | None = None) -> dict:
+    cell = kv_cell_bytes or floor_mod.kimi_kv_cell_bytes(kv_cache_dtype)
+    return floor_mod.make_floor(gpu, bandwidth_tbs, cell).to_dict()
 
 
 def _contexts(value: str | None) -> list[int] | None:
@@ -361,6 +362,8 @@ def run_cmd(
             out_path = Path(f"bench-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.json")
     try:
         floor = _floor(gpu, bandwidth_tbs, kv_cell_bytes)
+        if kv_cell_bytes is None:
+            floor["kv_cell_from_server"] = True  # the runner sets the cell from /server_info's KV dtype
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from exc
     if previous is not None:
@@ -493,7 +496,8 @@ def report_cmd(
     if time_factor is not None:
         result = report.to_model_time(result, time_factor)
     if not floor_from_file or not result.floor:
-        result.floor = _floor(gpu, bandwidth_tbs, kv_cell_bytes)
+        result.floor = _floor(gpu, bandwidth_tbs, kv_cell_bytes,
+                              (result.meta.get("server_args") or {}).get("kv_cache_dtype"))
     label = label or result.meta.get("label")
     if plot_path is not None:
         _check_plot_available()

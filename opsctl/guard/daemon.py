@@ -96,7 +96,7 @@ class Node(Protocol):
 
 def death_from(incidents: list[oom.Incident]) -> policy.Death:
     """The cause of a death from the incidents around it: a memory cause beats a bare kill."""
-    rank = {oom.ACTIVATION_SPIKE: 0, oom.FRAGMENTATION: 0, oom.STARTUP: 0, oom.NOT_MEMORY: 1,
+    rank = {oom.ACTIVATION_SPIKE: 0, oom.FRAGMENTATION: 0, oom.STARTUP: 0, oom.WEIGHTS_LOAD: 0, oom.NOT_MEMORY: 1,
             oom.HOST_MEMORY: 2, oom.KV_POOL: 3, oom.UNKNOWN: 4}
     fatal = [i for i in incidents if i.kind != "kv_pool_full"] or incidents
     if not fatal:
@@ -154,7 +154,8 @@ class Guard:
             current = policy.complete(self.node.effective())
             if result.death is not None and result.death.cause != policy.NO_CAUSE:
                 death = result.death
-            if death.cause not in (policy.HANG, policy.NO_CAUSE, oom.NOT_MEMORY, oom.HOST_MEMORY, oom.KV_POOL):
+            if death.cause not in (policy.HANG, policy.NO_CAUSE, oom.NOT_MEMORY, oom.HOST_MEMORY, oom.KV_POOL,
+                                   oom.WEIGHTS_LOAD):
                 continue
             # An unknown cause that keeps the engine down: retry as-is within the budget (a crash
             # loop), not counted against the as-is limit, which is for an engine that served.

@@ -171,6 +171,8 @@ def _cause_words(death: Death) -> str:
         return "hung (/health_generate does not answer)"
     if death.cause == oom.NOT_MEMORY:
         return f"not a memory problem ({death.kind})"
+    if death.cause == oom.WEIGHTS_LOAD:
+        return "the weights do not fit while they load (another process on the GPU?); no fraction helps"
     return f"no known cause ({death.kind or death.cause})"
 
 

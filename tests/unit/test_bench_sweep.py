@@ -45,6 +45,7 @@ class FakeSGLang:
     def __init__(self, radix: bool = True, accept_length: int = 1) -> None:
         self.radix = radix
         self.accept_length = accept_length
+        self.kv_cache_dtype = "auto"
         self.seen: list[list] = []
         self.die_at_request: int | None = None  # index of the /generate request that kills it
         self.dead = False
@@ -75,6 +76,7 @@ class FakeSGLang:
                         "version": "0.5.23-fake",
                         "disable_radix_cache": not fake.radix,
                         "chunked_prefill_size": 4096,
+                        "kv_cache_dtype": fake.kv_cache_dtype,
                     }
                     return self._send(200, json.dumps(info), "application/json")
                 self._send(404, "not found")
@@ -487,3 +489,19 @@ def test_a_results_file_that_is_not_an_object_is_a_clear_error(tmp_path):
     bad.write_text("[1, 2]")
     r = CliRunner().invoke(bench_cmd.bench, ["report", str(bad)])
     assert r.exit_code != 0 and "not an opsctl bench sweep file" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("dtype, cell", [("auto", 70_272), ("fp8_e4m3", 35_136)])
+def test_the_floor_reads_the_servers_kv_dtype(fake, dtype, cell):
+    """An fp8 cache reads half the bytes: a bf16 floor made its "x floor" column read 2x better."""
+    from opsctl.commands.bench import _floor
+
+    fake.kv_cache_dtype = dtype
+    floor = _floor("rtx-pro-6000", None, None) | {"kv_cell_from_server": True}
+    settings, client = _sweep(fake.url, [1000])
+    with client:
+        result = run_sweep(settings, client, floor=floor)
+    assert result.floor["kv_cell_bytes"] == cell and "kv_cell_from_server" not in result.floor
+    given = _floor("rtx-pro-6000", None, 12_345)  # --kv-cell-bytes wins, whatever the server says
+    with BenchClient(fake.url) as client:
+        assert run_sweep(settings, client, floor=given).floor["kv_cell_bytes"] == 12_345

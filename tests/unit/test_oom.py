@@ -52,9 +52,12 @@ def test_seed_recommendation_checked_by_the_planner():
     base = planner.PlanInputs(gpu=planner.GpuSpec(94.97, 1.56), shape=preset("kimi-k2.6"), weights_gib=74.29, tp=8)
     facts_only = planner.calibrate_from_startup(base, last_sized_startup(_lines("startup_093.log")))
     rec = oom.recommend(incident, facts_only, context_target=200_000)
+    # 0.94 holds the target but this OOM proved 3.40 GiB in use besides the chunk's buffer, which
+    # 0.94's 4.28 GiB cannot fit with a 4096 chunk and the margin: the planner adds its own choice
     assert [(s.fraction, s.chunk, s.tokens, s.meets_target, s.safe) for s in rec.settings] == [
         (0.93, 4096, 195_011, False, True),
-        (0.94, 4096, 208_782, True, True),
+        (0.94, 4096, 208_782, True, False),
+        (0.93, 8192, 195_011, False, True),
     ]
     assert "0.93 holds 195,011 tokens, 97.5% of the 200,000 target" in rec.notes
 
@@ -157,6 +160,9 @@ def test_startup_oom_and_no_kv_memory():
     incidents = oom.analyze([
         "[2026-05-01 00:00:00] server_args=ServerArgs(mem_fraction_static=0.97, chunked_prefill_size=8192)",
         "[2026-05-01 00:00:05 TP0] Load weight begin. avail mem=93.41 GB",
+        # (after the weights: an OOM before this line is the weights' own, test below)
+        "[2026-05-01 00:00:08 TP0] Load weight end. elapsed=3.00 s, type=DeepseekV3ForCausalLM, "
+        "dtype=torch.bfloat16, avail mem=19.12 GB, mem usage=74.29 GB.",
         "[2026-05-01 00:00:09 TP0] Scheduler hit an exception: Traceback (most recent call last):",
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 94.97 GiB of which 1.00 GiB is free.",
         "[2026-05-01 01:00:00] server_args=ServerArgs(mem_fraction_static=0.70, chunked_prefill_size=8192)",
@@ -335,3 +341,20 @@ def test_cli_on_the_node_reads_its_unit_and_env_files(tmp_path, monkeypatch, nod
     assert '"classification": "activation_spike"' in result.output
     flags = CliRunner().invoke(oom_command, ["--json", "--no-expandable-segments", "--unit", "other.service"])
     assert read[-1] == "other.service" and '"classification": "fragmentation"' in flags.output
+
+
+def test_an_oom_while_the_weights_load_is_not_sent_to_the_fraction():
+    """The fraction sizes the KV pool after the weights: an OOM in load_model (another process
+    holds 12 GiB of the GPU) was classified a startup allocation, with the advice to lower the
+    fraction, and the guard would have walked the fraction down for nothing."""
+    [incident] = oom.analyze(_lines("weights_load.log"))
+    assert (incident.kind, incident.classification) == ("cuda_oom", oom.WEIGHTS_LOAD)
+    assert "--mem-fraction-static cannot help" in incident.recommendation.action
+    assert incident.recommendation.settings == []
+    assert any("Process N has" in note for note in incident.recommendation.notes)
+    from opsctl.config import GuardConfig
+    from opsctl.guard import policy
+    from opsctl.guard.daemon import death_from
+    from opsctl.overrides import TunedValues
+    step = policy.decide(death_from([incident]), TunedValues(0.93, 4096, True), GuardConfig())
+    assert (step.action, step.rung) == (policy.RESTART, policy.AS_IS)  # no fraction step

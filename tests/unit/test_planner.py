@@ -98,11 +98,34 @@ def test_calibration_holds_for_any_logged_count():
 
 
 def test_oom_calibrates_the_spike(seed_node):
-    # The OOM at 0.94 / chunk 8192 proves spike(8192) >= headroom(0.94) + tried - free.
+    # The OOM at 0.94 / chunk 8192 proves spike(8192) >= headroom(0.94) + tried - free. Only the
+    # failed allocation (896 MiB) is known to scale with the chunk: the rest is the base, which a
+    # smaller chunk does not shrink (before, halving the chunk was predicted to halve all of it).
     proven = planner.headroom_bytes(0.94, seed_node) + 896 * MIB - round(893.38 * MIB)
-    assert seed_node.activation.ref_bytes == proven
-    assert planner.activation_spike_bytes(4096, seed_node) == proven // 2
-    assert planner.activation_spike_bytes(8192) == 896 * MIB  # the uncalibrated default
+    assert seed_node.activation.ref_bytes == 896 * MIB
+    assert seed_node.activation.base_bytes == proven - 896 * MIB
+    assert planner.activation_spike_bytes(8192, seed_node) == proven
+    assert planner.activation_spike_bytes(4096, seed_node) == proven - 448 * MIB
+    # uncalibrated: the seed's 2.0 GiB in use while serving, and its 896 MiB buffer at 8192
+    assert planner.activation_spike_bytes(8192) == 2 * GIB + 896 * MIB
+
+
+def test_an_oom_with_its_fragmentation_leaves_the_seeds_base():
+    """The whole message (oom_current.log: 1.40 GiB reserved but unallocated) takes the
+    fragmentation out: 2.0 GiB in use besides the chunk's buffer, the default's own figure."""
+    lines = _lines("startup_093.log") + _lines("oom_current.log")
+    node = planner.calibrate_from_log(lines, SEED_BASE)
+    assert node.activation.base_bytes / GIB == pytest.approx(2.0, abs=0.02)
+    assert node.fragmentation_gib == pytest.approx(1.40)
+
+
+def test_the_uncalibrated_planner_does_not_call_the_seeds_crash_safe():
+    """Without the OOM in the log: 0.94 / chunk 8192 without expandable segments is what crashed
+    the seed node; before, the planner's 896 MiB spike called it safe with 1.9 GiB to spare."""
+    node = planner.calibrate_from_log(_lines("startup_093.log"), SEED_BASE)
+    assert not planner.is_safe(0.94, 8192, node, expandable=False)
+    assert planner.is_safe(0.93, 4096, node, expandable=True)  # the seed's fix
+    assert not planner.is_safe(0.96, 4096, node, expandable=True)
 
 
 def test_seed_table(seed_node):
@@ -113,21 +136,23 @@ def test_seed_table(seed_node):
         (0.91, 167_469, 7.08, [True, True]),
         (0.92, 181_240, 6.14, [True, True]),
         (0.93, 195_011, 5.21, [True, True]),
-        (0.94, 208_782, 4.28, [True, False]),
-        (0.95, 222_553, 3.34, [True, False]),
+        (0.94, 208_782, 4.28, [False, False]),  # the OOM's 3.40 GiB besides its buffer do not shrink
+        (0.95, 222_553, 3.34, [False, False]),
         (0.96, 236_325, 2.41, [False, False]),
     ]
     assert rows[3].target_share == pytest.approx(0.975055)
 
 
 def test_seed_recommendation(seed_node):
+    # No safe fraction holds 200k: the seed's OOM (its message cut before the fragmentation
+    # figure) proved 3.40 GiB in use besides the chunk's buffer, which 0.94 cannot leave room for.
     best = planner.recommend(200_000, seed_node, FRACTIONS, (4096, 8192))
     assert (best.fraction, best.chunk, best.expandable_segments, best.tokens, best.meets_target) == (
-        0.94, 4096, True, 208_782, True)
+        0.93, 8192, True, 195_011, False)
     assert planner.lowest_fraction_for(200_000, seed_node) == 0.934
     assert planner.max_total_num_tokens(0.933, seed_node) < 200_000 <= planner.max_total_num_tokens(0.934, seed_node)
     short = planner.recommend(300_000, seed_node, FRACTIONS, (4096, 8192))
-    assert (short.fraction, short.chunk, short.meets_target) == (0.95, 4096, False)
+    assert (short.fraction, short.chunk, short.meets_target) == (0.93, 8192, False)
 
 
 def test_headroom_ladder(seed_node):
@@ -235,7 +260,7 @@ def test_cli_seed_node_table():
     result = CliRunner().invoke(plan_command, ["--model", "kimi-k2.6", "--calibrate-log", str(FIXTURES / "seed_node.log")])
     assert result.exit_code == 0, result.output
     assert "195,011" in result.output and "208,782" in result.output
-    assert "Recommended: --mem-fraction-static 0.94 --chunked-prefill-size 4096" in result.output.replace("\n", " ")
+    assert "Recommended: --mem-fraction-static 0.93 --chunked-prefill-size 8192" in result.output.replace("\n", " ")
 
 
 def test_cli_json():
@@ -318,3 +343,10 @@ def test_a_float32_checkpoint_has_a_2_byte_kv_cache(tmp_path):
                                   "hidden_size": 2048, "torch_dtype": "float32"}))
     assert model_shapes.shape_from_hf_config(config).kv_dtype_bytes == 2
     assert model_shapes.shape_from_hf_config(config, kv_dtype="fp8_e4m3").kv_dtype_bytes == 1
+
+
+def test_a_log_with_no_memory_before_the_weights_is_a_clear_error():
+    lines = [line.replace("Load weight begin. avail mem=93.41 GB", "Load weight begin. avail mem=0.00 GB")
+             for line in _lines("startup_093.log")]
+    with pytest.raises(planner.PlanError, match="leaves nothing to size a pool from"):  # (was ZeroDivisionError)
+        planner.calibrate_from_log(lines, SEED_BASE)

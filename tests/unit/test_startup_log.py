@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from opsctl.startup_log import (
     EngineConfig,
     expandable_segments_from_env,
@@ -81,3 +83,18 @@ def test_two_starts_in_one_log_and_new_graph_line_format():
 
 def test_garbage_never_raises():
     assert parse_startups((FIXTURES / "garbage.log").read_text(errors="replace").splitlines())[0].tokens is None
+
+
+@pytest.mark.parametrize("line, rank", [
+    ("[2026-05-31 10:05:32 DP0 ATTN_CP0 TP3] Load weight begin. avail mem=93.41 GB", 3),
+    ("[2026-05-31 10:05:32 MOE_DP0 TP1 EP1] Load weight begin. avail mem=93.41 GB", 1),
+    ("[2026-05-31 10:05:32.123 TP0] Load weight begin. avail mem=93.41 GB", 0),  # SGLANG_LOG_MS
+])
+def test_every_prefix_sglang_writes_is_an_engine_record(line, rank):
+    """configure_logger's ranks include ATTN_CP and MOE_DP, and SGLANG_LOG_MS adds milliseconds:
+    unrecognised, such lines were taken for a traceback's continuation."""
+    from opsctl.startup_log import iter_log_lines
+
+    [record] = list(iter_log_lines([line]))
+    assert record.engine_record and record.tp_rank == rank
+    assert record.msg == "Load weight begin. avail mem=93.41 GB"
