@@ -25,8 +25,18 @@ def enabled() -> bool:
 
 
 def _patch(cls) -> None:
-    from dflash_kernels.sglang_plugin import patch_backend_class
-    patch_backend_class(cls)
+    """Patch SGLang's backend class; on any failure leave it as it is and say why. This runs
+    inside SGLang's own import of its backend: an error here (dflash_kernels built for another
+    Triton, a missing module) would stop the server, where switched off it would serve."""
+    try:
+        from dflash_kernels.sglang_plugin import patch_backend_class
+        patch_backend_class(cls)
+    except Exception as error:  # noqa: BLE001 - SGLang's own verify path serves instead
+        import logging
+        logging.getLogger("dflash_kernels").error(
+            "%s=1, but the verify kernel could not be loaded (%s: %s); SGLang's own verify path serves. "
+            "Check the image's dflash_kernels against its Triton (python3 -m dflash_kernels.prebuilt), "
+            "or unset %s", ENV, type(error).__name__, error, ENV, exc_info=True)
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):

@@ -61,8 +61,12 @@ class MlaVerify:
     def __init__(self, fallback=None):
         self.fallback = fallback
         # one workspace per (device, heads, draft length, splits), sized for the largest batch
-        # seen or announced (max_bs); a smaller batch uses its first slots. A workspace that a
-        # larger batch replaces stays alive: a CUDA graph captured with it still writes there.
+        # seen (to the next power of two, at most max_bs); a smaller batch uses its first slots.
+        # Not for max_bs itself: SGLang passes its request pool's size (2,048-4,096 without
+        # --max-running-requests), gigabytes at t = 64 taken from the activations' headroom.
+        # SGLang's graph runner captures its largest batch first, after warm-ups that allocate.
+        # A workspace that a larger batch replaces stays alive: a CUDA graph captured with it
+        # still writes there.
         self._workspaces: dict = {}
         self._replaced: list = []
         self._pass = ForwardPass()  # what this forward's layers share (the mask, the plan)
@@ -183,7 +187,8 @@ class MlaVerify:
         if ws is None or ws[0].shape[0] < shapes[0][0]:
             if ws is not None:
                 self._replaced.append(ws)
-            ws = self._workspaces[key] = va.alloc_workspace(max(batch, max_bs), heads, mq, ns, device)
+            slots = max(batch, min(1 << max(0, batch - 1).bit_length(), max_bs or 1 << 30))
+            ws = self._workspaces[key] = va.alloc_workspace(slots, heads, mq, ns, device)
         return tuple(buffer[:shape[0]] for buffer, shape in zip(ws, shapes, strict=True))
 
     def _run(self, q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal,
@@ -199,14 +204,15 @@ class MlaVerify:
         ws = self._workspace(va, q.device, batch, h, mq, ns, max_bs)
         batch_key = (ForwardPass.tensors_key(qo_indptr, kv_indptr, custom_mask, mask_indptr),
                      n_tok, max_q_len, bool(causal), cfg, ns, ws[2].data_ptr())
-        reuse = self._pass.continues(k_buffer.data_ptr(), batch_key)
+        layer = k_buffer.data_ptr()
+        reuse = self._pass.continues(layer, batch_key)
         if not reuse:
             # SGLang's qo_indptr is int64: the kernels take int32 copies, made by the forward's
             # first layer and read by all (one copy kernel a forward, not one a layer)
             qo_indptr = qo_indptr if qo_indptr.dtype == torch.int32 else qo_indptr.to(torch.int32)
             kv_indptr = kv_indptr if kv_indptr.dtype == torch.int32 else kv_indptr.to(torch.int32)
             mask_and_block = verify_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, n_tok, max_q_len, causal)
-            self._pass = ForwardPass(k_buffer.data_ptr(), batch_key, mask_and_block, (qo_indptr, kv_indptr))
+            self._pass = self._pass.next(layer, batch_key, mask_and_block, (qo_indptr, kv_indptr))
         qo_indptr, kv_indptr = self._pass.indptrs
         mask, block = self._pass.mask_and_block
         scale = sm_scale if sm_scale is not None else 576 ** -0.5  # SGLang's default: 1/sqrt(Lq)
@@ -236,8 +242,10 @@ class ForwardPass:
     seen. A caller that runs new pools through the same MlaVerify must call ``new_forward()``
     first."""
 
-    def __init__(self, first_layer=None, batch_key=None, mask_and_block=None, indptrs=None):
-        self.layers = {first_layer} if first_layer is not None else set()
+    def __init__(self, layers=(), batch_key=None, mask_and_block=None, indptrs=None):
+        # every layer of the forward so far, this pass's and those of passes before it in the
+        # same forward (a key that changed midway): a layer seen again starts the next forward
+        self.layers = set(layers)
         self.batch_key = batch_key
         self.mask_and_block = mask_and_block
         self.indptrs = indptrs  # (qo_indptr, kv_indptr) as int32
@@ -247,11 +255,17 @@ class ForwardPass:
         return tuple(None if x is None else (x.data_ptr(), tuple(x.shape), x.dtype) for x in tensors)
 
     def continues(self, layer: int, batch_key) -> bool:
-        """True (and the layer recorded) when this call is a later layer of the same forward."""
+        """True (and the layer recorded) when this call is a later layer of the same forward and batch."""
         if layer in self.layers or batch_key != self.batch_key:
             return False
         self.layers.add(layer)
         return True
+
+    def next(self, layer: int, batch_key, mask_and_block, indptrs) -> ForwardPass:
+        """The pass this call starts: of a new forward when its layer was seen in this one, else
+        a new batch within the same forward (whose layers it keeps)."""
+        layers = {layer} if layer in self.layers else self.layers | {layer}
+        return ForwardPass(layers, batch_key, mask_and_block, indptrs)
 
 
 def packed_custom_mask(custom_mask, mask_indptr, qo_indptr, kv_indptr, num_tokens: int, max_q_len: int):

@@ -2,6 +2,7 @@
 triton_backend.py (read from the released wheel, not imported: SGLang's runtime cannot be
 imported without its GPU dependencies) and against a stand-in backend class."""
 import ast
+import contextlib
 import importlib
 import inspect
 import os
@@ -391,7 +392,9 @@ def test_an_empty_call_is_declined_not_raised(monkeypatch):
     assert verify(**a) == "sglang's own fast path" and verify.last_reason == "an empty call (no draft tokens)"
 
 
-def test_import_hook_patches_on_import(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def _fake_sglang_backend(tmp_path, monkeypatch):
+    """A stand-in sglang package with the backend module the import hook waits for."""
     pkg = tmp_path / "sglang" / "srt" / "layers" / "attention"
     pkg.mkdir(parents=True)
     for d in (tmp_path / "sglang", tmp_path / "sglang" / "srt", tmp_path / "sglang" / "srt" / "layers", pkg):
@@ -410,15 +413,32 @@ def test_import_hook_patches_on_import(tmp_path, monkeypatch):
     monkeypatch.setenv(plugin.ENV, "1")
     try:
         plugin.install()
-        import importlib
-        mod = importlib.import_module(plugin.TARGET_MODULE)
-        assert mod.TritonAttnBackend._dflash_verify_patched
-        assert isinstance(mod.TritonAttnBackend().dflash_verify, plugin.MlaVerify)
+        yield
     finally:
         plugin.uninstall_hook()
         for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+def test_import_hook_patches_on_import(tmp_path, monkeypatch):
+    with _fake_sglang_backend(tmp_path, monkeypatch):
+        mod = importlib.import_module(plugin.TARGET_MODULE)
+        assert mod.TritonAttnBackend._dflash_verify_patched
+        assert isinstance(mod.TritonAttnBackend().dflash_verify, plugin.MlaVerify)
+
+
+def test_a_plugin_that_cannot_load_leaves_sglangs_import_and_backend_alone(tmp_path, monkeypatch, caplog):
+    """The patch runs inside SGLang's own import of its backend: an error there (a kernel package
+    built for another Triton) stopped the server, where switched off it would have served."""
+    def broken(cls):
+        raise ImportError("cannot import name 'gdc_wait' from 'triton.language.extra.cuda'")
+    monkeypatch.setattr(plugin, "patch_backend_class", broken)
+    with _fake_sglang_backend(tmp_path, monkeypatch):
+        mod = importlib.import_module(plugin.TARGET_MODULE)  # no exception
+        assert not getattr(mod.TritonAttnBackend, "_dflash_verify_patched", False)
+    assert "the verify kernel could not be loaded (ImportError: cannot import name 'gdc_wait'" in caplog.text
+    assert "SGLang's own verify path serves" in caplog.text
 
 
 @pytest.mark.parametrize("value,on", [("1", True), ("True", True), ("yes", True), ("0", False), ("", False)])
@@ -446,19 +466,24 @@ def test_pth_line(tmp_path, value, on):
 
 def test_one_workspace_per_shape_sized_for_the_largest_batch():
     """A workspace per batch size piled up outside SGLang's memory budget (each graph batch size
-    kept its own). Now one per shape serves every batch up to max_bs through views of its first
-    slots; a larger batch gets a larger one, and the old one stays alive for the graphs that
-    captured it."""
+    kept its own). Now one per shape serves every batch up to the largest seen (to the next power
+    of two, at most max_bs) through views of its first slots; a larger batch gets a larger one,
+    and the old one stays alive for the graphs that captured it. Not max_bs itself: SGLang passes
+    its request pool's size, 4,096 without --max-running-requests (4 GiB at t = 64)."""
     verify = plugin.MlaVerify()
     cpu = torch.device("cpu")
-    small = verify._workspace(va, cpu, batch=2, heads=8, mq=16, ns=47, max_bs=48)
-    assert [tuple(x.shape) for x in small] == [tuple(s) for s in va.workspace_shape(2, 8, 16, 47)]
+    first = verify._workspace(va, cpu, batch=40, heads=8, mq=16, ns=47, max_bs=4096)  # a graph's largest
     full = verify._workspaces[(cpu, 8, 16, 47)]
-    assert full[0].shape[0] == 47 + 2 * 48 and all(x.is_contiguous() for x in small)
-    other = verify._workspace(va, cpu, batch=48, heads=8, mq=16, ns=47, max_bs=48)
-    assert other[0].data_ptr() == small[0].data_ptr() == full[0].data_ptr() and len(verify._workspaces) == 1
-    larger = verify._workspace(va, cpu, batch=64, heads=8, mq=16, ns=47, max_bs=48)
-    assert larger[0].shape[0] == 47 + 2 * 64 and verify._replaced == [full]
+    assert full[0].shape[0] == 47 + 2 * 64 and all(x.is_contiguous() for x in first)
+    small = verify._workspace(va, cpu, batch=2, heads=8, mq=16, ns=47, max_bs=4096)
+    assert [tuple(x.shape) for x in small] == [tuple(s) for s in va.workspace_shape(2, 8, 16, 47)]
+    assert small[0].data_ptr() == first[0].data_ptr() == full[0].data_ptr() and len(verify._workspaces) == 1
+    larger = verify._workspace(va, cpu, batch=100, heads=8, mq=16, ns=47, max_bs=4096)
+    assert larger[0].shape[0] == 47 + 2 * 100 and verify._replaced == [full]
+    assert verify._workspaces[(cpu, 8, 16, 47)][0].shape[0] == 47 + 2 * 128
+    capped = plugin.MlaVerify()
+    capped._workspace(va, cpu, batch=40, heads=8, mq=16, ns=47, max_bs=48)  # production: 48 requests at most
+    assert capped._workspaces[(cpu, 8, 16, 47)][0].shape[0] == 47 + 2 * 48
 
 
 def test_draft_block_rows():
@@ -636,6 +661,25 @@ def test_a_pool_of_another_config_plans_again(monkeypatch):
     f.pools[2] = f.pools[2].to(torch.float8_e4m3fn)
     assert [r for r, _ in f.forward(f.batch())] == [False, True, False, False]
     assert [kw["config"] for _, kw in f.calls] == [va.SM120_TRITON] * 2 + [va.SM120_TRITON_FP8, va.SM120_TRITON]
+
+
+def test_a_forward_after_one_whose_last_pass_began_midway_starts_afresh(monkeypatch):
+    """A layer in the middle of a forward with another key (another config for its fp8 pool)
+    made the forward's last pass begin after it; the next forward's first layer, not in that
+    pass's layers, "continued" it and took the previous forward's plan, int32 pointers and mask
+    (under a CUDA graph, baked into the capture). A layer seen anywhere in the forward now
+    starts the next."""
+    f = _Forwards(monkeypatch)
+    monkeypatch.setattr(va, "_device_info", lambda device: (12, 0, 188))
+    monkeypatch.setattr(va, "gluon_available", lambda: False)
+    f.pools[1] = f.pools[1].to(torch.float8_e4m3fn)
+    batch = f.batch()
+    batch["qo_indptr"] = batch["qo_indptr"].to(torch.int64)
+    assert [r for r, _ in f.forward(batch)] == [False, False, False, True]
+    first = len(f.calls)
+    assert [r for r, _ in f.forward(batch)] == [False, False, False, True]
+    assert f.calls[first][0][5] is not f.calls[first - 1][0][5]  # its own int32 copy
+    assert len(f.packs) == 6
 
 
 def test_a_forward_cut_short_or_of_chains_shares_the_same_way(monkeypatch):
