@@ -38,6 +38,10 @@ ROW_TOL = 2e-2
 # most), part of one tile, and prefixes cut into many slices (at 132-188 SMs). The last two, and
 # the last alone, are checked as batches of their own too (`_check`).
 DEFAULT_PREFIXES = (0, 37, 3000, 8000)
+# A batch past 8 requests, with SGLang's graph-path dtypes (int64 qo_indptr, a uint8 mask): its
+# plan and tree-mask kernels are other binaries (padded for 16 requests) that serve batches of
+# 9 and more, and the graph runner hands the plugin these dtypes.
+WIDE_PREFIXES = (5, 0, 40, 17, 300, 1, 64, 9, 120, 33, 2, 77)
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek V3 / Kimi K2
 # An fp8 pool's scales, far from 1 so that a scale applied twice, or not at all, fails.
 FP8_SCALES = (0.37, 1.9)
@@ -118,13 +122,18 @@ def wait_for_gpu(device: torch.device, timeout_s: float) -> None:
         time.sleep(0.002)
 
 
-def _one_run(case, draft_len: int, chains: bool, scales, serve, timeout_s: float) -> float:
-    """Worst row error of one call (DDTree's custom mask, or DFlash's chains: causal, no mask)."""
+def _one_run(case, draft_len: int, chains: bool, scales, serve, timeout_s: float, graph_dtypes: bool = False) -> float:
+    """Worst row error of one call (DDTree's custom mask, or DFlash's chains: causal, no mask);
+    `graph_dtypes`: qo_indptr as int64 and the mask as uint8, as SGLang's CUDA graph runner has them."""
     n, heads = case["q"].shape[:2]
     kb = case["kv"].reshape(-1, 1, va.D_LATENT)
     out = torch.full((n, heads, va.D_NOPE), float("nan"), dtype=torch.bfloat16, device=case["q"].device)
     mask, mask_indptr = (None, None) if chains else (case["custom_mask"], case["mask_indptr"])
-    serve(case["q"], case["k_ext"].reshape(n, 1, va.D_LATENT), out, kb, case["qo_indptr"], case["kv_indptr"],
+    qo_indptr = case["qo_indptr"]
+    if graph_dtypes:
+        qo_indptr = qo_indptr.to(torch.int64)
+        mask = None if mask is None else mask.to(torch.uint8)
+    serve(case["q"], case["k_ext"].reshape(n, 1, va.D_LATENT), out, kb, qo_indptr, case["kv_indptr"],
           case["kv_indices"], mask, chains, mask_indptr, draft_len, SM_SCALE, *scales)
     wait_for_gpu(out.device, timeout_s)  # before the reference, whose host syncs would wait forever
     blocks = [va.chain_tree_mask(draft_len, case["q"].device) if chains else tree for tree in case["trees"]]
@@ -149,7 +158,12 @@ def _device_name(device: torch.device) -> str:
     return f"{p.name} (sm_{p.major}{p.minor})"
 
 
-def _check(device, heads, kv_dtype, draft_len, prefixes, gen, serve, timeout_s) -> tuple[float, str, str]:
+class Abandoned(Exception):
+    """The check ran past its time limit and its caller went on: it stops at its next call."""
+
+
+def _check(device, heads, kv_dtype, draft_len, prefixes, wide, gen, serve, timeout_s,
+           abandoned: threading.Event | None = None) -> tuple[float, str, str]:
     """(worst row error, the split kernel's name, why it failed or "") of the check on `device`."""
     fp8 = kv_dtype != torch.bfloat16
     scales = FP8_SCALES if fp8 else (1.0, 1.0)
@@ -159,10 +173,18 @@ def _check(device, heads, kv_dtype, draft_len, prefixes, gen, serve, timeout_s) 
     # The batch, then its last two requests, then its last one alone: a lone request runs another
     # path (no plan kernel; the merge counts its slices itself) and each batch size may take
     # another merge tile, and the lone request is the latency-critical call.
-    cases = [random_case(subset, draft_len, heads, kv_dtype, device, gen)
-             for subset in dict.fromkeys((tuple(prefixes), tuple(prefixes[-2:]), tuple(prefixes[-1:])))]
-    # DDTree's custom mask, then DFlash's chains; a NaN in any fails (max() would drop it)
-    errors = [_one_run(case, draft_len, chains, scales, serve, timeout_s) for case in cases for chains in (False, True)]
+    runs = [(subset, False) for subset in dict.fromkeys((tuple(prefixes), tuple(prefixes[-2:]), tuple(prefixes[-1:])))]
+    runs += [(tuple(wide), True)] if wide else []
+    errors = []
+    for subset, graph_dtypes in runs:
+        case = random_case(subset, draft_len, heads, kv_dtype, device, gen)
+        # DDTree's custom mask, then DFlash's chains; a NaN in any fails (max() would drop it)
+        for chains in (False, True):
+            # (a check whose caller gave up on it, after slow compiles say, must not go on
+            # launching beside the server's start: CUDA graph capture among it)
+            if abandoned is not None and abandoned.is_set():
+                raise Abandoned("the check was abandoned at its time limit")
+            errors.append(_one_run(case, draft_len, chains, scales, serve, timeout_s, graph_dtypes))
     if any(math.isnan(e) for e in errors):
         return float("nan"), kernel, "rows left unwritten or NaN"
     worst = max(errors)
@@ -170,7 +192,7 @@ def _check(device, heads, kv_dtype, draft_len, prefixes, gen, serve, timeout_s) 
 
 
 def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefixes=DEFAULT_PREFIXES,
-        seed: int | None = None, serve=None, timeout_s: float = GPU_TIMEOUT_S,
+        seed: int | None = None, serve=None, timeout_s: float = GPU_TIMEOUT_S, wide=WIDE_PREFIXES,
         check_timeout_s: float = CHECK_TIMEOUT_S) -> SelfCheck:
     """Run the plugin's launch on `device` and compare each output row with the reference. Never
     raises and never waits longer than check_timeout_s: the result says what went wrong. `serve`
@@ -181,6 +203,7 @@ def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefix
     gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
     start = time.perf_counter()
     result = {"worst": float("nan"), "kernel": "?", "detail": "", "hung": False}
+    abandoned = threading.Event()
 
     def body():
         try:
@@ -188,7 +211,10 @@ def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefix
             # starts on device 0)
             with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                 result["worst"], result["kernel"], result["detail"] = _check(
-                    device, heads, kv_dtype, draft_len, prefixes, gen, serve or MlaVerify()._run, timeout_s)
+                    device, heads, kv_dtype, draft_len, prefixes, wide, gen, serve or MlaVerify()._run, timeout_s,
+                    abandoned)
+        except Abandoned:
+            return  # (the verdict is already the timeout's)
         except Exception as error:  # noqa: BLE001 - any failure is a verdict, not a crash of the server
             result["detail"] = f"{type(error).__name__}: {error}"
             result["hung"] = isinstance(error, TimeoutError)
@@ -205,6 +231,7 @@ def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefix
     worker.start()
     worker.join(check_timeout_s)
     if worker.is_alive():
+        abandoned.set()
         result["detail"] = (f"TimeoutError: the check did not finish within {check_timeout_s:g} s (a kernel hangs or "
                             f"blocks on this card), so this start will hang: restart the engine with {ENV}=0")
     return SelfCheck(passed=not result["detail"], device=_device_name(device), kernel=result["kernel"], heads=heads,

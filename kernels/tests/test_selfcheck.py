@@ -92,9 +92,9 @@ def test_a_wrong_kernel_fails(monkeypatch, kernel, kv_dtype, detail):
 
 
 def test_nan_in_one_of_the_two_calls_fails(monkeypatch):
-    """The chains' call on the whole batch (the second of six: the tree's, then the chains', for
-    the batch, its last two requests and its last one) leaves a row unwritten, the others do not:
-    max() over the calls' errors would have dropped the NaN."""
+    """The chains' call on the whole batch (the second of eight: the tree's, then the chains', for
+    the batch, its last two requests, its last one, and the wide batch of 12) leaves a row
+    unwritten, the others do not: max() over the calls' errors would have dropped the NaN."""
     correct, calls = _torch_kernel(), []
 
     def kernel(*args, **kw):
@@ -104,7 +104,32 @@ def test_nan_in_one_of_the_two_calls_fails(monkeypatch):
             _row_unwritten(kw["out"])
     monkeypatch.setattr(va, "verify_attention", kernel)
     r = selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL)
-    assert len(calls) == 6 and not r.passed and "unwritten" in r.detail, r.line()
+    assert len(calls) == 8 and not r.passed and "unwritten" in r.detail, r.line()
+
+
+def test_the_check_runs_a_wide_batch_with_sglangs_graph_dtypes(monkeypatch):
+    """Batches of 9 and more run other plan and tree-mask binaries (padded for 16), and SGLang's
+    graph runner passes qo_indptr as int64 and the mask as uint8: the check covers both, and a
+    kernel wrong only there fails it."""
+    from dflash_kernels import sglang_plugin
+
+    correct, batches, dtypes = _torch_kernel(), [], []
+
+    def kernel(*args, **kw):
+        correct(*args, **kw)
+        batches.append(args[5].numel() - 1)
+        if batches[-1] == len(selfcheck.WIDE_PREFIXES):
+            _row_unwritten(kw["out"])
+    run = sglang_plugin.MlaVerify._run
+
+    def spy(self, q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, *rest, **kw):
+        dtypes.append((qo_indptr.dtype, None if custom_mask is None else custom_mask.dtype))
+        return run(self, q, k, o, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, *rest, **kw)
+    monkeypatch.setattr(va, "verify_attention", kernel)
+    monkeypatch.setattr(sglang_plugin.MlaVerify, "_run", spy)
+    r = selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL)
+    assert batches.count(12) == 2 and not r.passed and "unwritten" in r.detail, r.line()
+    assert dtypes[-2:] == [(torch.int64, torch.uint8), (torch.int64, None)]
 
 
 def test_a_launch_that_blocks_is_reported_within_the_checks_time_limit():
@@ -121,6 +146,23 @@ def test_a_launch_that_blocks_is_reported_within_the_checks_time_limit():
         release.set()
     assert time.monotonic() - start < 10
     assert not r.passed and r.detail.startswith("TimeoutError: the check did not finish within 0.5 s"), r.line()
+
+
+def test_a_check_given_up_on_launches_nothing_more():
+    """Slow compiles, not a hung kernel: the check's thread, given up on at its time limit, went on
+    allocating and launching beside the server's start (CUDA graph capture among it)."""
+    import threading
+    import time
+    release, calls = threading.Event(), []
+
+    def slow(*args):
+        calls.append(1)
+        release.wait(60)
+    r = selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL, serve=slow, check_timeout_s=0.3)
+    assert not r.passed and calls == [1]
+    release.set()
+    time.sleep(0.5)  # the thread wakes up and would make its next call now
+    assert calls == [1]
 
 
 def test_a_kernel_that_raises_fails_with_its_error(monkeypatch):

@@ -208,7 +208,7 @@ def test_a_check_run_changes_nothing_and_says_what_it_would_do(lab_node):
     before with "/health answers but sglang.service is inactive", and starts nothing."""
     clean = lab_node.provision("--check", "--diff")
     assert clean.returncode == 0, clean.stdout[-3000:]
-    assert re.search(r"dflash-train\s*:\s*ok=\d+\s+changed=0\s", clean.stdout), clean.stdout[-3000:]
+    assert re.search(rf"{lab_node.name}\s*:\s*ok=\d+\s+changed=0\s", clean.stdout), clean.stdout[-3000:]
     lab_node.sh("systemctl stop sglang.service", check=True)
     try:
         down = lab_node.provision("--check", "--diff")
