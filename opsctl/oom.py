@@ -406,9 +406,11 @@ class OomScanner:
             incident.detail = oom_text[:300]
             startup = pending.phase == "startup" or (pending.phase == "unknown" and _STARTUP_FRAMES.search(text))
             expandable = bool(pending.config and pending.config.expandable_segments)
-            # The fraction sizes the KV pool after the weights load: an OOM while they load is no
-            # reason to lower it (the OOM message names other processes that hold memory).
-            loading = pending.loading_weights or (pending.phase != "serving" and _WEIGHT_FRAMES.search(text)
+            # The fraction sizes the KV pool after the target's weights load: an OOM while they
+            # load is no reason to lower it (the OOM message names other processes that hold
+            # memory). Not the DFlash draft's load: it comes after the pool, into the headroom the
+            # fraction leaves. With no engine start in view, the traceback's frames decide.
+            loading = pending.loading_weights or (pending.phase == "unknown" and _WEIGHT_FRAMES.search(text)
                                                   and not _POOL_FRAMES.search(text))
             if loading:
                 incident.classification = WEIGHTS_LOAD

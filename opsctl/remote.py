@@ -102,10 +102,10 @@ def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
 
 def _command(parsed, args: list[str]) -> list[str]:
     # An operator at a terminal gets one on the node too: Ctrl-C there reaches the node's opsctl
-    # (a restart then puts the previous override file back and exits 3, as on the node) and a
-    # dropped session hangs it up. Without one the node's opsctl never hears of a Ctrl-C and
-    # runs its restart to its end, rollback included. Piped output gets no terminal, so stdout
-    # stays the node's stdout alone (a --json document, unmixed with stderr).
+    # (a restart then puts the previous override file back and exits 3, as on the node). A
+    # dropped session (a hangup with a terminal, a closed pipe without) does not stop a restart:
+    # it runs to its end, rollback included. Piped output gets no terminal, so stdout stays the
+    # node's stdout alone (a --json document, unmixed with stderr).
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     if parsed.scheme == "docker":
         return ["docker", "exec", "--interactive", *(["--tty"] if terminal else []), parsed.netloc, "opsctl", *args]

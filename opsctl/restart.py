@@ -270,17 +270,17 @@ class RestartAbandoned(click.ClickException):
 
 
 class Terminated(BaseException):
-    """SIGTERM or SIGHUP (a closed ssh session) during a restart: unwinds like Ctrl-C, so the
+    """SIGTERM (or, for a rollout, SIGHUP) during a restart: unwinds like Ctrl-C, so the
     previous override file is put back and the history says so."""
 
 
 @contextlib.contextmanager
-def terminations_unwind() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into `Terminated` for the block (their default ends the process
-    at once, leaving the new override file and no outcome in the history)."""
+def terminations_unwind(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Turn `signums` into `Terminated` for the block (their default ends the process at once,
+    leaving the new override file and no outcome in the history)."""
     def unwind(signum, _frame):
         raise Terminated(signal.Signals(signum).name)
-    previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, unwind) for sig in signums}
     try:
         yield
     finally:
@@ -289,25 +289,34 @@ def terminations_unwind() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def signals_deferred() -> Iterator[list[int]]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP off a short step that must finish once begun (restoring
-    the override file, recording an outcome): the list names those that came meanwhile.
-    A second Ctrl-C during a rollback's write must not leave the failed values in the file."""
-    caught: list[int] = []
+def signals_deferred(swallow: bool = False) -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP off a short step that must finish once begun (writing or
+    restoring the override file, recording an outcome), then hand each to the handler that was in
+    place: the CLI's turn them into KeyboardInterrupt / Terminated, the guard's sets its stop flag.
+    `swallow`: the step is part of an unwinding already (an abandon, a last record), so what
+    those handlers raise is dropped. A second Ctrl-C during a rollback's write must not leave the
+    failed values in the file."""
     if threading.current_thread() is not threading.main_thread():  # (signals reach the main thread only)
-        yield caught
+        yield
         return
+    caught: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        yield caught
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _interruption(signum: int) -> BaseException:
-    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signal.Signals(signum).name)
+        for signum in caught:
+            handler = previous[signum]
+            if handler == signal.SIG_DFL:
+                signal.raise_signal(signum)  # (its default: the process ends, the step done)
+            elif callable(handler):
+                try:
+                    handler(signum, None)
+                except (KeyboardInterrupt, Terminated):
+                    if not swallow:
+                        raise
 
 
 def _why(error: BaseException) -> str:
@@ -323,7 +332,7 @@ def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseExcepti
     end. No second start: the unit runs what systemd last started (the new values, if the restart
     went through) until its next start, which reads the restored file. Any cause, a SystemExit
     of an output whose reader went away included, ends as RestartAbandoned (exit 3)."""
-    with signals_deferred():
+    with signals_deferred(swallow=True):
         write_override_text(config.override_env_file, old_text)
         why = _why(error)
         append_record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
@@ -361,44 +370,42 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
                   "to": dataclasses.asdict(after)}
         append_record(history, {"event": "restart", "outcome": "started", **change})
         try:
-            with signals_deferred() as caught:
+            with signals_deferred():
                 write_override_text(config.override_env_file,
                                     render_overrides(overrides, config.env_file, actor(), reason))
         except OSError as error:  # written atomically: the old file is still whole and in force
             append_record(history, {"event": "restart", "outcome": "refused", "why": str(error), **change})
             raise click.ClickException(f"cannot write {config.override_env_file} ({error.strerror}); nothing was "
                                        "changed and the engine was not restarted") from None
+        except BaseException as error:  # a Ctrl-C held off while the file was written
+            _abandon(config, old_text, change, error)
         try:
-            if caught:
-                raise _interruption(caught[0])
             attempt = start_and_wait(config, budget_s, progress)
         except BaseException as error:  # systemctl or journald failing, a timeout, Ctrl-C, SIGTERM, SystemExit
             _abandon(config, old_text, change, error)
         if attempt.ok:
-            with signals_deferred():  # (it serves on the new values: a late Ctrl-C changes nothing)
+            with signals_deferred(swallow=True):  # (it serves on the new values: a late Ctrl-C changes nothing)
                 append_record(history, {"event": "restart", "outcome": "ok",
                                         "start_seconds": round(attempt.seconds, 1), **change})
             return RestartOutcome(True, False, attempt, None, before, after)
 
         # Roll back: the previous override file, byte for byte, then the same health-gated start.
-        with signals_deferred() as caught:
-            write_override_text(config.override_env_file, old_text)
-            append_record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
-                                    "journal": attempt.journal[-40:], **change})
         try:
-            if caught:
-                raise _interruption(caught[0])
+            with signals_deferred():
+                write_override_text(config.override_env_file, old_text)
+                append_record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
+                                        "journal": attempt.journal[-40:], **change})
             rollback = start_and_wait(config, budget_s, progress)
         except BaseException as error:
             why = _why(error)
-            with signals_deferred():
+            with signals_deferred(swallow=True):
                 append_record(history, {"event": "rollback", "outcome": "abandoned", "why": why,
                                         "actor": actor(), "to": dataclasses.asdict(before)})
             raise RestartAbandoned(
                 f"{attempt.reason}, and the rollback's start could not be followed ({why}); the "
                 f"previous override file is in place. Check `systemctl status {config.unit}` and run "
                 f"`opsctl status`: the engine may be down") from error
-        with signals_deferred():
+        with signals_deferred(swallow=True):
             append_record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
                                     "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),
                                     "actor": actor(), "to": dataclasses.asdict(before)})

@@ -122,7 +122,15 @@ def wait_for_gpu(device: torch.device, timeout_s: float) -> None:
         time.sleep(0.002)
 
 
-def _one_run(case, draft_len: int, chains: bool, scales, serve, timeout_s: float, graph_dtypes: bool = False) -> float:
+def _go_on(abandoned: threading.Event | None) -> None:
+    """Raise Abandoned once the check's caller gave up on it (after slow compiles, say): a check
+    must not go on allocating and launching beside the server's start, its graph capture among it."""
+    if abandoned is not None and abandoned.is_set():
+        raise Abandoned("the check was abandoned at its time limit")
+
+
+def _one_run(case, draft_len: int, chains: bool, scales, serve, timeout_s: float, graph_dtypes: bool = False,
+             abandoned: threading.Event | None = None) -> float:
     """Worst row error of one call (DDTree's custom mask, or DFlash's chains: causal, no mask);
     `graph_dtypes`: qo_indptr as int64 and the mask as uint8, as SGLang's CUDA graph runner has them."""
     n, heads = case["q"].shape[:2]
@@ -136,6 +144,7 @@ def _one_run(case, draft_len: int, chains: bool, scales, serve, timeout_s: float
     serve(case["q"], case["k_ext"].reshape(n, 1, va.D_LATENT), out, kb, qo_indptr, case["kv_indptr"],
           case["kv_indices"], mask, chains, mask_indptr, draft_len, SM_SCALE, *scales)
     wait_for_gpu(out.device, timeout_s)  # before the reference, whose host syncs would wait forever
+    _go_on(abandoned)  # (the reference is GPU work too)
     blocks = [va.chain_tree_mask(draft_len, case["q"].device) if chains else tree for tree in case["trees"]]
     ref, _ = va.reference_verify_attention(case["q"], case["k_ext"], case["kv"], case["kv_indices"], case["kv_indptr"],
                                            case["qo_indptr"], blocks, SM_SCALE, *scales)
@@ -177,14 +186,12 @@ def _check(device, heads, kv_dtype, draft_len, prefixes, wide, gen, serve, timeo
     runs += [(tuple(wide), True)] if wide else []
     errors = []
     for subset, graph_dtypes in runs:
+        _go_on(abandoned)
         case = random_case(subset, draft_len, heads, kv_dtype, device, gen)
         # DDTree's custom mask, then DFlash's chains; a NaN in any fails (max() would drop it)
         for chains in (False, True):
-            # (a check whose caller gave up on it, after slow compiles say, must not go on
-            # launching beside the server's start: CUDA graph capture among it)
-            if abandoned is not None and abandoned.is_set():
-                raise Abandoned("the check was abandoned at its time limit")
-            errors.append(_one_run(case, draft_len, chains, scales, serve, timeout_s, graph_dtypes))
+            _go_on(abandoned)
+            errors.append(_one_run(case, draft_len, chains, scales, serve, timeout_s, graph_dtypes, abandoned))
     if any(math.isnan(e) for e in errors):
         return float("nan"), kernel, "rows left unwritten or NaN"
     worst = max(errors)

@@ -4,14 +4,19 @@ Exit codes: 0 the engine serves on the new values; 1 the change failed and was r
 (the engine serves on the old values again); 2 usage errors, a refusal by the planner, another
 change holding the lock, or an interruption before anything changed; 3 the change failed and so
 did the rollback, or the restart could not be followed (systemctl or journald failing, Ctrl-C,
-SIGTERM or SIGHUP once the file was written): the engine may be down, act now (the previous
-override file is back in place).
+SIGTERM once the file was written): the engine may be down, act now (the previous override
+file is back in place). A hangup (SIGHUP: the session of `opsctl -H ssh://...` dropped) is not
+an interruption: the restart goes on to its end, rollback included, without output, and
+`opsctl status` and the history say how it ended.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import time
+from collections.abc import Iterator
 
 import click
 
@@ -55,6 +60,21 @@ class _Progress:
     def stop(self) -> None:
         if self.status:
             self.status.stop()
+
+
+@contextlib.contextmanager
+def _hangups_go_on() -> Iterator[None]:
+    """A dropped session (SIGHUP; the terminal `opsctl -H ssh://` gave this opsctl is gone) must
+    not stop a restart halfway, with the engine on new values and the file put back: it goes on
+    to its end, health gate and rollback included, and prints nothing more (the terminal is gone:
+    writing to it would fail)."""
+    def silence(_signum, _frame):
+        console.quiet = err_console.quiet = True
+    previous = signal.signal(signal.SIGHUP, silence)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def _journal_lines() -> list[str]:
@@ -101,7 +121,7 @@ def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: floa
     progress = _Progress(usual_start_seconds(config))
     err_console.print(f"restarting {config.unit} ({reason})")
     try:
-        with terminations_unwind():
+        with terminations_unwind((signal.SIGTERM,)), _hangups_go_on():
             outcome = restart(config, requested, reason=reason, force=force, budget_s=budget,
                               wait_lock_s=wait_lock_s, progress=progress, replace=replace,
                               journal_lines=_journal_lines,

@@ -91,7 +91,7 @@ class Node(Protocol):
     def lowest_fraction(self) -> float | None: ...
     def wait_settled(self, budget_s: float) -> bool: ...
     def runs(self, values: TunedValues) -> bool: ...
-    def step_failed(self, step_id: int, since: float) -> bool: ...
+    def failed_start(self, step_id: int, since: float) -> dict[str, Any] | None: ...
 
 
 def death_from(incidents: list[oom.Incident]) -> policy.Death:
@@ -299,14 +299,21 @@ class Guard:
                 False, "deferred", f"the config changed while the guard was down ({self._words(values_from(pending['from']))} "
                 f"-> {self._words(in_force)}); the step decided on the old one is dropped"), recovered=True)
             return
-        if self.node.step_failed(pending["id"], pending["decided_at"]):
-            # its start failed and the rollback had begun: the file before the step is back
-            settled = self.node.wait_settled(self.config.start_timeout_s)
-            serves = settled and self.node.runs(in_force)
-            self._finish(pending, ApplyResult(False, "rolled_back" if serves else "down",
-                                              "the step's start had failed before the guard was killed; "
-                                              + ("the engine serves on the config before it" if serves else
-                                                 "the engine is not serving")), recovered=True)
+        if (failed := self.node.failed_start(pending["id"], pending["decided_at"])) is not None:
+            # Its start failed and its rollback had begun (the file before the step is back): the
+            # step is not tried again. Its death, from the journal lines the history kept, says
+            # whether the config is passed over from now on.
+            journal = failed.get("journal") or []
+            death = death_from(oom.analyze(journal)) if journal else None
+            why = "the step's start had failed before the guard was killed"
+            if self.node.wait_settled(self.config.start_timeout_s) and self.node.runs(in_force):
+                result = ApplyResult(False, "rolled_back", f"{why}; the engine serves on the config before it",
+                                     death=death)
+            else:  # the rollback's restart was cut short: it runs now, on the file before the step
+                again = self.node.apply(TunedValues(), f"guard step {pending['id']}: the rollback a kill cut short")
+                result = ApplyResult(False, "rolled_back" if again.ok else "down", f"{why}; its rollback: {again.why}",
+                                     again.start_seconds, death, again.journal_tail)
+            self._finish(pending, result, recovered=True)
             return
         self.store.audit("resumed-step", step_id=pending["id"], phase=pending["phase"],
                          why="the guard was restarted in the middle of this step; finishing it")
@@ -352,7 +359,8 @@ class Guard:
         else:
             in_force = f"the config in force is {self._words(values_from(config))}"
             if last_good is not None:
-                in_force += (" (the last that served)" if last_good["values"] == config else
+                complete = values_dict(policy.complete(values_from(config)))
+                in_force += (" (the last that served)" if last_good["values"] == complete else
                              f"; the last that served was {self._words(values_from(last_good['values']))}")
         if unit.active_state == "active":
             return f"The engine's unit is {state}; {in_force}."
@@ -440,16 +448,17 @@ class SystemNode:
             time.sleep(0.25)
         return False
 
-    def step_failed(self, step_id: int, since: float) -> bool:
-        """The restart history holds a failed start of guard step `step_id`, decided at `since`
-        (its rollback began). (`since`: a new state file numbers its steps from 1 again.)"""
+    def failed_start(self, step_id: int, since: float) -> dict[str, Any] | None:
+        """The restart history's record of a failed start of guard step `step_id`, decided at
+        `since` (its rollback began), or None. (`since`: a new state file numbers its steps from 1
+        again.)"""
         try:
             records = read_records(history_file(self.config))
         except OSError:
-            return False
+            return None
         prefix = f"guard step {step_id}:"
-        return any(r.get("outcome") == "failed" and str(r.get("reason", "")).startswith(prefix)
-                   and r.get("epoch", 0) >= since for r in records)
+        return next((r for r in records if r.get("outcome") == "failed" and str(r.get("reason", "")).startswith(prefix)
+                     and r.get("epoch", 0) >= since), None)
 
     def runs(self, values: TunedValues) -> bool:
         """The engine serves `values`: they are in force, the engine started after the override file

@@ -26,6 +26,7 @@ class FakeNode:
         self.serving = False
         self.override = "# Managed by opsctl\n"
         self.failed_steps = set()
+        self.failed_journal = []
 
     def effective(self):
         return self.values
@@ -56,8 +57,8 @@ class FakeNode:
     def runs(self, values):
         return self.serving and self.values == values
 
-    def step_failed(self, step_id, since):
-        return step_id in self.failed_steps
+    def failed_start(self, step_id, since):
+        return {"journal": self.failed_journal} if step_id in self.failed_steps else None
 
 
 @pytest.fixture
@@ -374,17 +375,26 @@ def test_a_killed_step_is_not_finished_while_another_change_holds_the_lock(setup
     assert "root: restart (pid 4242)" in store.records()[-1]["why"]
 
 
-@pytest.mark.parametrize("serving, outcome", [(True, "rolled_back"), (False, "down")])
-def test_a_step_killed_during_its_rollback_is_not_tried_a_second_time(setup, serving, outcome):
-    """The step's start failed and its rollback had begun when the guard was killed: the resumed
-    guard repeated the step that had just failed, with another outage."""
+@pytest.mark.parametrize("serving, rollback, outcome", [
+    (True, None, "rolled_back"),                                          # the rollback had come up
+    (False, ApplyResult(True, "ok", "healthy", 3.0), "rolled_back"),      # cut short: it runs now
+    (False, ApplyResult(False, "rolled_back", "the engine exited", 3.0), "down"),
+])
+def test_a_step_killed_during_its_rollback_is_not_tried_a_second_time(setup, serving, rollback, outcome):
+    """The step's start failed (an OOM) and its rollback had begun when the guard was killed:
+    the resumed guard repeated the step that had just failed, with another outage. Now it is not
+    tried again, a rollback the kill cut short is finished (an as-is restart on the file before
+    the step), and the OOM passes the step's config over."""
     _, store, make, _ = setup
     pending = _kill_mid_step(make, store)
-    node, guard = make([ApplyResult(True, "ok", "healthy", 3.0)])
+    node, guard = make([rollback] if rollback else [])
     node.failed_steps, node.serving = {pending["id"]}, serving  # the file before the step is back
+    node.failed_journal = (Path(__file__).parents[1] / "fixtures" / "oom" / "oom_current.log").read_text().splitlines()
+    node.values = TunedValues(**pending["from"])
     guard.resume_pending()
-    assert node.applied == []
-    assert store.records()[-1]["outcome"] == outcome and store.load()["pending"] is None
+    assert node.applied == ([] if rollback is None else [TunedValues()])
+    assert store.load()["pending"] is None and store.records()[-1]["outcome"] == outcome
+    assert pending["to"] in store.load()["failed"]
 
 
 @pytest.mark.parametrize("death, passed_over", [

@@ -358,3 +358,27 @@ def test_an_oom_while_the_weights_load_is_not_sent_to_the_fraction():
     from opsctl.overrides import TunedValues
     step = policy.decide(death_from([incident]), TunedValues(0.93, 4096, True), GuardConfig())
     assert (step.action, step.rung) == (policy.RESTART, policy.AS_IS)  # no fraction step
+
+
+def test_an_oom_while_the_dflash_draft_loads_is_still_the_fractions():
+    """The DFlash draft loads after the target's pool, into the headroom the fraction leaves: an
+    OOM in its load_model is fixed by a lower fraction, unlike one in the target's."""
+    incidents = oom.analyze([
+        "[2026-05-31 10:20:01] server_args={'model_path': '/models/Kimi-K2.6', 'mem_fraction_static': 0.95, "
+        "'chunked_prefill_size': 4096, 'tp_size': 8, 'page_size': 1, 'speculative_algorithm': 'DFLASH'}",
+        "[2026-05-31 10:20:40 TP0] Load weight begin. avail mem=93.41 GB",
+        "[2026-05-31 10:22:40 TP0] Load weight end. elapsed=120.00 s, type=DeepseekV3ForCausalLM, "
+        "dtype=torch.bfloat16, avail mem=19.12 GB, mem usage=74.29 GB.",
+        "[2026-05-31 10:22:45 TP0] KV Cache is allocated. #tokens: 210000, KV size: 14.00 GB",
+        "[2026-05-31 10:22:45 TP0] Memory pool end. avail mem=4.10 GB",
+        "[2026-05-31 10:22:46 TP0] Load weight begin. avail mem=4.10 GB",
+        "[2026-05-31 10:22:50 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/sgl/python/sglang/srt/model_executor/model_runner.py", line 1290, in load_model',
+        "    self.model = self.loader.load_model(",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "94.97 GiB of which 1.10 GiB is free.",
+        "[2026-05-31 10:22:51] Received sigquit from a child process. It usually means the child failed.",
+    ])
+    oom_incident = next(i for i in incidents if i.kind == "cuda_oom")
+    assert oom_incident.classification == oom.STARTUP
+    assert oom_incident.recommendation.action.startswith("lower --mem-fraction-static")

@@ -129,11 +129,11 @@ def test_a_restart_that_cannot_be_followed_restores_the_override_file(node, monk
 
 
 @pytest.mark.parametrize("stop, why", [(KeyboardInterrupt(), "interrupted"),
-                                       (Terminated("SIGHUP"), "terminated by SIGHUP")])
+                                       (Terminated("SIGTERM"), "terminated by SIGTERM")])
 def test_an_interrupted_restart_restores_the_override_file(node, monkeypatch, stop, why):
-    """Ctrl-C, or SIGTERM / SIGHUP (a dropped ssh session; `terminations_unwind` makes them
-    Terminated) once the file is written: the file is back, the history says why, exit 3, since
-    the engine may run the new values until its next start."""
+    """Ctrl-C, or SIGTERM (`terminations_unwind` makes it Terminated) once the file is written:
+    the file is back, the history says why, exit 3, since the engine may run the new values
+    until its next start."""
     _fake_starts(monkeypatch, node, stop)
     result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
     assert result.exit_code == 3 and f"could not be followed ({why})" in result.output
@@ -238,6 +238,30 @@ def test_a_reader_that_went_away_does_not_stop_a_restart(node, monkeypatch):
     assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
 
 
+def test_a_dropped_session_lets_the_restart_run_to_its_end_silently(node, monkeypatch):
+    """With a terminal (opsctl -H ssh:// gives the node's opsctl one), a dropped session is a
+    SIGHUP: it used to abandon the restart halfway, the engine on the new values and the file put
+    back. Now the restart goes on, rollback included, and prints nothing more."""
+    from opsctl import output
+    from opsctl import restart as restart_module
+
+    monkeypatch.setattr(output.console, "quiet", False)
+    monkeypatch.setattr(output.err_console, "quiet", False)
+    starts = []
+
+    def start(config, budget_s, progress):
+        starts.append(1)
+        if len(starts) == 1:
+            signals.raise_signal(signals.SIGHUP)
+        return restart_module.StartReport(len(starts) == 2, "the engine exited (status 1)", 1.0, "ready", [])
+    monkeypatch.setattr(restart_module, "start_and_wait", start)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 1 and len(starts) == 2  # the failed start was rolled back
+    assert output.err_console.quiet
+    assert [(r["event"], r["outcome"]) for r in _history(node)] == [
+        ("restart", "started"), ("restart", "failed"), ("rollback", "ok")]
+
+
 def test_a_systemexit_while_following_a_start_restores_the_file_and_exits_3(node, monkeypatch):
     _fake_starts(monkeypatch, node, SystemExit(1))
     result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
@@ -280,6 +304,32 @@ def test_ctrl_c_during_the_rollbacks_write_still_puts_the_previous_file_back(nod
     assert len(seen) == 1 and (node / "override.env").read_text() == ORIGINAL_OVERRIDE
     assert [(r["event"], r["outcome"]) for r in _history(node)] == [
         ("restart", "started"), ("restart", "failed"), ("rollback", "abandoned")]
+
+
+def test_a_signal_held_off_during_the_write_reaches_the_guards_own_handler(node, monkeypatch):
+    """The guard's SIGTERM handler sets its stop flag and lets the step finish: a SIGTERM held off
+    while the override file was written must reach it (before, it was dropped or turned into
+    Terminated, abandoning the step with no rollback), and the restart goes on."""
+    from opsctl import restart as restart_module
+    from opsctl.overrides import TunedValues
+
+    stops = []
+    previous = signals.signal(signals.SIGTERM, lambda signum, frame: stops.append(signum))
+    try:
+        real_write = restart_module.write_override_text
+
+        def write_with_sigterm(path, text):
+            signals.raise_signal(signals.SIGTERM)
+            real_write(path, text)
+        monkeypatch.setattr(restart_module, "write_override_text", write_with_sigterm)
+        seen = _fake_starts(monkeypatch, node, True)
+        from opsctl.config import load_config
+        outcome = restart_module.restart(load_config(), TunedValues(0.91), reason="guard step 1: x", force=True,
+                                         budget_s=10, wait_lock_s=0, progress=lambda *a: None)
+    finally:
+        signals.signal(signals.SIGTERM, previous)
+    assert outcome.ok and stops == [signals.SIGTERM] and len(seen) == 1
+    assert "SGLANG_MEM_FRACTION_STATIC=0.91" in (node / "override.env").read_text()
 
 
 STARTUP_093 = (Path(__file__).parents[1] / "fixtures" / "oom" / "startup_093.log").read_text().splitlines()
