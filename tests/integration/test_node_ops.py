@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from labnode import REPO
+from labnode import REPO, LabNode
 
 pytestmark = pytest.mark.lab
 
@@ -218,6 +218,21 @@ def test_a_check_run_changes_nothing_and_says_what_it_would_do(lab_node):
     finally:
         assert lab_node.provision().returncode == 0
     assert lab_node.status()[0] == 0
+
+
+def test_a_check_run_on_a_node_never_provisioned_says_what_it_would_do(tmp_path):
+    """--check before the first real run: it reports the Docker engine's install and ends for the
+    node with what a real run would do, instead of failing at the first task that asks the
+    engine (before: "Could not find the requested service docker")."""
+    fresh = LabNode("dflash-chk", tmp_path)
+    fresh.create()
+    try:
+        check = fresh.provision("--check", "--diff")
+        assert check.returncode == 0, check.stdout[-3000:]
+        assert "dflash-chk has no Docker engine yet: a real run installs it" in " ".join(check.stdout.split())
+        assert fresh.sh("command -v docker").returncode != 0  # nothing was installed
+    finally:
+        fresh.destroy()
 
 
 def test_a_restart_made_since_a_due_mark_is_not_repeated_by_the_next_run(lab_node):
