@@ -21,12 +21,12 @@ def cursor(unit: str) -> str | None:
     return None
 
 
-def tail(unit: str, lines: int) -> list[str]:
+def tail(unit: str, lines: int, timeout_s: float = 10.0) -> list[str]:
     """The last `lines` of the unit's journal (short-iso), or [] where there is no journal to read."""
     if shutil.which("journalctl") is None:
         return []
     result = subprocess.run(["journalctl", "-u", unit, "-n", str(lines), "-o", "short-iso", "--no-pager"],
-                            capture_output=True, text=True, errors="replace", check=False, timeout=10)
+                            capture_output=True, text=True, errors="replace", check=False, timeout=timeout_s)
     if result.returncode != 0:
         return []
     return [line for line in result.stdout.splitlines() if not line.startswith("-- ")]

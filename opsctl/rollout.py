@@ -16,7 +16,7 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 # Exit codes of `opsctl rollout`.
@@ -25,6 +25,9 @@ EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
 # A node's status in the summary: the playbook's statuses plus the two the summary infers.
 FINISHED = ("done", "unchanged")
 NOT_REACHED = "not reached"
+# A node that became unreachable during its change: Ansible runs neither its rescue (rollback) nor
+# its always (result), so it may hold new files, a stopped engine, a paused guard.
+LOST = "lost mid-change"
 DONE_EARLIER = "done earlier"
 
 
@@ -42,6 +45,12 @@ class Change:
                   "rollout_chunked_prefill_size": self.chunked_prefill_size,
                   "rollout_expandable_segments": self.expandable_segments,
                   "rollout_image": self.image}
+        return {key: value for key, value in values.items() if value is not None}
+
+    def requested(self) -> dict:
+        """The change as the playbook records it in plan.json (`__rollout_requested`)."""
+        values = {"sglang_mem_fraction_static": self.fraction, "sglang_chunked_prefill_size": self.chunked_prefill_size,
+                  "sglang_expandable_segments": self.expandable_segments, "sglang_image": self.image}
         return {key: value for key, value in values.items() if value is not None}
 
     def slug(self) -> str:
@@ -178,10 +187,12 @@ class Summary:
     @property
     def exit_code(self) -> int:
         statuses = {node.status for node in self.nodes}
-        if "rollback_failed" in statuses:
+        if "rollback_failed" in statuses or LOST in statuses:
             return EXIT_DOWN
         if statuses <= {*FINISHED, DONE_EARLIER}:
             return EXIT_DONE
+        if "refused" in statuses and statuses <= {"refused", NOT_REACHED, DONE_EARLIER}:
+            return EXIT_USAGE  # refused at a pre-check before this run changed any node
         return EXIT_STOPPED
 
     @property
@@ -195,6 +206,7 @@ class Summary:
             "done": self.hosts("done", "unchanged", DONE_EARLIER),
             "rolled_back": self.hosts("rolled_back"), "refused": self.hosts("refused"),
             "rollback_failed": self.hosts("rollback_failed"), "not_reached": self.hosts(NOT_REACHED),
+            "lost": self.hosts(LOST),
             "overhead_s": {"median": statistics.median(overheads), "max": max(overheads)} if overheads else None,
             # The summary's status wins over the record's ("done earlier" for a node a resumed run skipped).
             "nodes": [{**node.result, "host": node.host, "status": node.status} for node in self.nodes],
@@ -208,8 +220,10 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
-def summarize(run_dir: Path) -> Summary | None:
-    """Plan + per-node results of the latest run in `run_dir`; None when no plan was written."""
+def summarize(run_dir: Path, lost: Iterable[str] = ()) -> Summary | None:
+    """Plan + per-node results of the latest run in `run_dir`; None when no plan was written.
+    `lost`: the nodes the playbook saw become unreachable; one without a result of this run is
+    LOST, not "not reached"."""
     plan = read_json(run_dir / "plan.json")
     if plan is None:
         return None
@@ -219,6 +233,8 @@ def summarize(run_dir: Path) -> Summary | None:
         status = result.get("status", NOT_REACHED)
         if result and result.get("run") != plan.get("run") and status in FINISHED:
             status = DONE_EARLIER
+        if host in lost and (not result or result.get("run") != plan.get("run")):
+            status = LOST
         nodes.append(NodeSummary(host, status, result))
     return Summary(plan.get("rollout", run_dir.name), plan.get("run", ""), nodes)
 

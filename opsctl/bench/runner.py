@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import socket
 import statistics
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -217,19 +215,11 @@ def load_result(path: str | Path) -> RunResult:
 
 
 def save_result(result: RunResult, path: str | Path) -> None:
-    """Write the results document atomically: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(result.to_dict(), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write the results document atomically and durably (fsynced, as opsctl's own state): a
+    crash or a power loss never leaves half a file, or an empty one."""
+    from opsctl.state import atomic_write
+
+    atomic_write(Path(path), json.dumps(result.to_dict(), indent=2) + "\n")
 
 
 class SettingsMismatch(ValueError):

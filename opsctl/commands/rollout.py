@@ -22,7 +22,7 @@ from rich.table import Table
 
 from opsctl import rollout as ro
 from opsctl.output import console, err_console, print_json
-from opsctl.restart import Terminated, terminations_unwind
+from opsctl.restart import Terminated, signals_deferred, terminations_unwind
 
 
 def _fmt_s(value: float | None) -> str:
@@ -60,8 +60,9 @@ def _render_summary(summary: ro.Summary) -> None:
                       f"{data['overhead_s']['median']:.1f} s, max {data['overhead_s']['max']:.1f} s")
 
 
-def _follow(process: subprocess.Popen, log) -> dict[str, list[str]]:
-    """Show each node's phase as it changes; collect --check diffs per node."""
+def _follow(process: subprocess.Popen, log, lost: set[str]) -> dict[str, list[str]]:
+    """Show each node's phase as it changes; collect --check diffs per node, and in `lost` the
+    nodes that became unreachable."""
     diffs: dict[str, list[str]] = {}
     phases: dict[str, str] = {}
     started = time.monotonic()
@@ -80,6 +81,8 @@ def _follow(process: subprocess.Popen, log) -> dict[str, list[str]]:
                 diffs.setdefault(event.host, []).append(text)
         if event.outcome == "skipped":
             continue
+        if event.outcome == "unreachable":
+            lost.add(event.host)
         if event.outcome in ("failed", "unreachable"):
             err_console.print(f"  {event.host}: [red]{event.task}[/red] {event.message[:400]}", soft_wrap=True)
         elif phases.get(event.host) != event.phase:
@@ -94,7 +97,10 @@ def _interrupted(process: subprocess.Popen, name: str, run_dir: Path, stop: Base
     middle of its change keeps whatever it had reached."""
     process.send_signal(signal.SIGINT)
     try:
-        process.wait(timeout=60)
+        # (a second Ctrl-C here must not end opsctl with click's "Aborted!" and exit 1, which
+        # reads as "rolled back": the playbook is killed, and the message and exit 3 follow)
+        with terminations_unwind(), signals_deferred(swallow=True):
+            process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
@@ -133,7 +139,8 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     Per node: pre-check health, drain running requests (bounded), apply, restart health-gated,
     verify /server_info and smoke /generate. A node that fails is rolled back and the rollout
     stops there. Exit 0 all done, 1 stopped with a rollback, 2 usage or refused before any node
-    changed (a failed --check too), 3 a rollback failed or the run was interrupted.
+    changed (a failed --check too), 3 a rollback failed, a node became unreachable during its
+    change, or the run was interrupted.
     """
     if chunk is not None and chunk != -1 and chunk <= 0:
         raise click.BadParameter("use a positive token count or -1 (no chunking)", param_hint="--chunked-prefill-size")
@@ -150,6 +157,11 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     run_dir = state_dir / name
     if resume and not (run_dir / "plan.json").is_file():
         raise click.UsageError(f"no rollout named {name} to resume under {state_dir} (give the same change or --name)")
+    if resume and (started := (ro.read_json(run_dir / "plan.json") or {}).get("requested")) is not None \
+            and started != change.requested():
+        # (the nodes it finished run the change it was started with: resuming another would skip them)
+        raise click.UsageError(f"rollout {name} was started with {started}, not {change.requested()}: resume it with "
+                               "the same change, or give this one another --name")
 
     argv = ro.playbook_command(inventory=Path(inventory).resolve(), limit=limit, change=change, name=name,
                                state_dir=state_dir, batch=batch, check=check, resume=resume,
@@ -173,9 +185,10 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
         log.flush()
         process = subprocess.Popen(argv, cwd=playbook_dir, env=ro.playbook_env(), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
+        lost: set[str] = set()
         try:
             with terminations_unwind():
-                diffs = _follow(process, log)
+                diffs = _follow(process, log, lost)
                 rc = process.wait()
         except (KeyboardInterrupt, Terminated) as stop:
             _interrupted(process, name, run_dir, stop)
@@ -196,7 +209,7 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
             raise error
         return
 
-    summary = ro.summarize(run_dir)
+    summary = ro.summarize(run_dir, lost)
     if summary is None or summary.run == earlier_run or (rc != 0 and not any(node.result for node in summary.nodes)):
         tail = log_path.read_text().splitlines()[-5:]
         err_console.print(f"the playbook stopped before changing any node (ansible-playbook exit {rc}); "
@@ -216,6 +229,12 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
     if rc != 0 and exit_code == ro.EXIT_DONE:  # every node finished, yet the playbook failed after them
         err_console.print(f"ansible-playbook exited {rc} after the nodes finished; see {log_path}", soft_wrap=True)
         exit_code = ro.EXIT_STOPPED
+    if summary.hosts(ro.LOST):
+        err_console.print(f"[bold red]{', '.join(summary.hosts(ro.LOST))} became unreachable during its change[/bold red]: "
+                          "Ansible ran neither its rollback nor its result, so it may hold new files under an engine "
+                          "that runs the old ones, or a stopped engine, and a paused guard. Reach it, run "
+                          "`opsctl status` there and compare its files with the copies in its rollout backup folder.",
+                          soft_wrap=True)
     if exit_code != ro.EXIT_DONE:
         err_console.print(f"fix the cause, then: opsctl rollout ... --name {name} --resume", soft_wrap=True)
     sys.exit(exit_code)

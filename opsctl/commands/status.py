@@ -14,6 +14,8 @@ import dataclasses
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 import click
@@ -48,7 +50,12 @@ def gpu_summary() -> list[dict[str, Any]] | str:
         return f"nvidia-smi failed: {result.stderr.strip()}"
     gpus = []
     for line in result.stdout.strip().splitlines():
-        index, name, used, total, util = (part.strip() for part in line.split(","))
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 5:  # (a name with a comma, a driver's warning line)
+            return f"nvidia-smi gave a line status cannot read: {line!r}"
+        index, name, used, total, util = parts
+        if not index.isdigit():
+            return f"nvidia-smi gave a line status cannot read: {line!r}"
         gpus.append({"index": int(index), "name": name, "memory_used_mib": _number(used),
                      "memory_total_mib": _number(total), "utilization_pct": _number(util)})
     return gpus
@@ -71,26 +78,76 @@ def unknown_report(why: str) -> dict[str, Any]:
     return {"level": LEVEL_NAMES[UNKNOWN], "exit_code": UNKNOWN, "problems": [why]}
 
 
+# SGLang answers /health and /health_generate between forward passes: a long prefill chunk (about
+# 14 s for 4,096 tokens near 185k of context) holds them. A batch logged within this window, with
+# requests running, is a busy engine, not a hung one.
+BUSY_WINDOW_S = 60.0
+# The journal's part of the check: a monitoring system gives a check about 10 s.
+JOURNAL_TIMEOUT_S = 5.0
+
+
+def last_batch_age_s(lines: list[str], now: float) -> float | None:
+    """Seconds since the scheduler's last batch line in `lines` (short-iso journal), or None."""
+    for line in reversed(lines):
+        if oom.BATCH_LINE.search(line):
+            try:
+                return now - datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
+            except ValueError:
+                return None
+    return None
+
+
+def busy_engine(engine, metrics: dict[str, float], lines: list[str], timeout_s: float) -> str | None:
+    """Why health probes that timed out belong to a busy engine (requests running, a batch
+    logged within BUSY_WINDOW_S), or None: then they are what they seem."""
+    failing = [p for p in (engine.health, engine.health_generate) if not p.ok]
+    if not failing or any(not (p.error or "").startswith("no answer within") for p in failing):
+        return None
+    requests = metrics.get("sglang:num_running_reqs", 0.0) + metrics.get("sglang:num_queue_reqs", 0.0)
+    age = last_batch_age_s(lines, time.time())
+    if requests <= 0 or age is None or age > BUSY_WINDOW_S:
+        return None
+    return (f"busy: {', '.join(p.url.rsplit('/', 1)[-1] for p in failing)} did not answer within {timeout_s:g} s "
+            f"while {requests:g} request(s) run and the scheduler logged a batch {max(age, 0):.0f} s ago "
+            "(a long prefill holds SGLang's health answers)")
+
+
 def collect(timeout_s: float) -> dict[str, Any]:
     """Everything status shows, as one JSON-ready dict with a Nagios level and the reasons."""
     config = load_config()
     started = time.perf_counter()
     problems: list[tuple[int, str]] = []
     try:
-        unit = unit_state(config.unit)
+        api_key = config.api_key()
+    except click.ClickException as error:  # the health probes need no key: still look at the engine
+        api_key = None
+        problems.append((UNKNOWN, error.message))
+    # The slow parts side by side, so the check takes about its slowest part, not their sum.
+    with ThreadPoolExecutor(4) as pool:
+        unit_future = pool.submit(unit_state, config.unit)
+        engine_future = pool.submit(look, config.engine_url, timeout_s, api_key)
+        journal_future = pool.submit(journal.tail, config.unit, 5000, JOURNAL_TIMEOUT_S)
+        gpus_future = pool.submit(gpu_summary)
+    try:
+        unit = unit_future.result()
         if unit.load_state == "unknown":  # systemctl gave no properties at all: no systemd to ask
             unit = None
             problems.append((UNKNOWN, f"systemctl gives no state for {config.unit} (is systemd running?)"))
     except (FileNotFoundError, subprocess.TimeoutExpired) as error:
         unit = None
         problems.append((UNKNOWN, f"cannot read the unit's state: {error}"))
+    engine = engine_future.result()
     try:
-        api_key = config.api_key()
-    except click.ClickException as error:  # the health probes need no key: still look at the engine
-        api_key = None
-        problems.append((UNKNOWN, error.message))
-    engine = look(config.engine_url, timeout_s, api_key=api_key)
-    effective = effective_config(config.env_file, config.override_env_file)
+        journal_lines = journal_future.result()
+    except subprocess.TimeoutExpired:
+        journal_lines = None
+        problems.append((UNKNOWN, f"journalctl did not answer within {JOURNAL_TIMEOUT_S:g} s: the last crash is "
+                                  "not known"))
+    try:
+        effective = effective_config(config.env_file, config.override_env_file)
+    except (click.ClickException, OSError, UnicodeDecodeError) as error:  # the engine's health still counts
+        effective = None
+        problems.append((UNKNOWN, f"the env files cannot be read: {getattr(error, 'message', error)}"))
 
     if unit is not None:
         if unit.load_state == "not-found":
@@ -102,17 +159,20 @@ def collect(timeout_s: float) -> dict[str, Any]:
             # which the engine has served ever since, is no reason to warn today
             problems.append((WARNING, f"{config.unit} restarted {unit.restarts} time(s) since it was started, "
                                       f"the last {(unit.uptime_s or 0) / 60:.0f} min ago"))
-    if not engine.health.ok:
+    info = engine.info
+    metrics = engine.metric_values
+    busy = busy_engine(engine, metrics, journal_lines or [], timeout_s)
+    if busy:
+        problems.append((OK, busy))
+    elif not engine.health.ok:
         problems.append((CRITICAL, f"/health: {engine.health.error}"))
     elif not engine.health_generate.ok:
         problems.append((CRITICAL, f"hung: /health answers but /health_generate does not ({engine.health_generate.error})"))
-    for setting in effective.settings():
+    for setting in effective.settings() if effective else []:
         if setting.drift:
             problems.append((WARNING, f"{setting.name}={setting.value} is an opsctl override "
                                       f"(Ansible says {setting.ansible_value})"))
 
-    info = engine.info
-    metrics = engine.metric_values
     max_tokens = info.get("max_total_num_tokens") or metrics.get("sglang:max_total_num_tokens")
     kv: dict[str, Any] = {"max_total_num_tokens": max_tokens, "context_target": config.context_target}
     if max_tokens:
@@ -124,11 +184,7 @@ def collect(timeout_s: float) -> dict[str, Any]:
         kv["token_usage"] = metrics["sglang:token_usage"]
 
     # The last OOM or crash in the recent journal, with the analysis `opsctl oom` gives.
-    try:
-        incidents = oom.analyze(journal.tail(config.unit, 5000))
-    except subprocess.TimeoutExpired:
-        incidents = []
-        problems.append((UNKNOWN, "journalctl did not answer within 10 s: the last crash is not known"))
+    incidents = oom.analyze(journal_lines) if journal_lines else []
     # (a full KV pool retracts requests by the thousand under load: it is no crash, and would hide one)
     crashes = [incident for incident in incidents if incident.kind != "kv_pool_full"]
     last = crashes[-1] if crashes else None
@@ -147,14 +203,15 @@ def collect(timeout_s: float) -> dict[str, Any]:
         problems.append((UNKNOWN, guard["problem"]))
     if guard["problem"] and guard["state"] != "unknown":
         problems.append((WARNING, guard["problem"]))
-    gpus = gpu_summary()
+    gpus = gpus_future.result()
     if isinstance(gpus, str) and gpus.endswith(NVIDIA_SMI_HUNG):
         problems.append((WARNING, gpus))  # the engine's own probes say whether it still serves
 
     # What is known to be wrong outranks what could not be looked at: an engine seen down is
-    # CRITICAL even when, say, the journal did not answer.
+    # CRITICAL even when, say, the journal did not answer, and a drift seen is a WARNING even when
+    # a non-root check cannot read the guard's state.
     levels = {level for level, _ in problems}
-    level = CRITICAL if CRITICAL in levels else max(levels, default=OK)
+    level = next((candidate for candidate in (CRITICAL, WARNING, UNKNOWN) if candidate in levels), OK)
     return {
         "level": LEVEL_NAMES[level],
         "exit_code": level,
@@ -171,7 +228,7 @@ def collect(timeout_s: float) -> dict[str, Any]:
             "running": {"mem_fraction_static": info.get("mem_fraction_static"),
                         "chunked_prefill_size": info.get("chunked_prefill_size")},
         },
-        "config": {s.name: dataclasses.asdict(s) | {"drift": s.drift} for s in effective.settings()},
+        "config": {s.name: dataclasses.asdict(s) | {"drift": s.drift} for s in effective.settings()} if effective else {},
         "kv_pool": kv,
         "gpus": gpus,
         "last_incident": last_incident,
@@ -295,8 +352,10 @@ def status(json_: bool, timeout_s: float) -> None:
     """Show the engine's state, health, config and KV pool (Nagios exit codes: 0 OK .. 3 UNKNOWN)."""
     try:
         report = collect(timeout_s)
-    except (click.ClickException, OSError) as error:  # an unreadable config or env file: UNKNOWN, not 1
+    except (click.ClickException, OSError) as error:  # an unreadable config: UNKNOWN, not 1
         report = unknown_report(str(error))
+    except Exception as error:  # noqa: BLE001 - a check that breaks is UNKNOWN, never WARNING (exit 1)
+        report = unknown_report(f"the check itself failed ({type(error).__name__}: {error})")
     if json_:
         print_json(report)
     else:

@@ -505,3 +505,19 @@ def test_the_floor_reads_the_servers_kv_dtype(fake, dtype, cell):
     given = _floor("rtx-pro-6000", None, 12_345)  # --kv-cell-bytes wins, whatever the server says
     with BenchClient(fake.url) as client:
         assert run_sweep(settings, client, floor=given).floor["kv_cell_bytes"] == 12_345
+
+
+def test_a_resumed_sweep_keeps_its_floor_unless_one_is_given(fake, tmp_path):
+    """A sweep run on an H200 (--gpu h200), resumed without --gpu: the default RTX PRO 6000 floor
+    replaced the file's, and every point's "x floor" was rewritten with it."""
+    out = tmp_path / "h200.json"
+    fake.die_at_request = 2
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--contexts", "1k,2k", "--gen", "8",
+                                             "--gpu", "h200", "--out", str(out)])
+    assert r.exit_code == 1, r.output
+    fake.dead = False
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out)])
+    assert r.exit_code == 0, r.output
+    assert load_result(out).floor["label"].startswith("H200")
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out), "--gpu", "rtx-pro-6000"])
+    assert load_result(out).floor["label"].startswith("RTX PRO 6000")

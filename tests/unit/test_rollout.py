@@ -95,8 +95,12 @@ def test_summary_exit_codes(tmp_path):
     assert ro.summarize(tmp_path / "a").exit_code == ro.EXIT_DONE
     write_run(tmp_path / "b", ["n1"], {"n1": {"status": "rollback_failed"}})
     assert ro.summarize(tmp_path / "b").exit_code == ro.EXIT_DOWN
-    write_run(tmp_path / "c", ["n1"], {"n1": {"status": "refused"}})
-    assert ro.summarize(tmp_path / "c").exit_code == ro.EXIT_STOPPED
+    # refused at the first node's pre-check: nothing changed anywhere, "refused before any node
+    # changed" (2, as the README says), not "stopped with a rollback" (1)
+    write_run(tmp_path / "c", ["n1", "n2"], {"n1": {"status": "refused"}})
+    assert ro.summarize(tmp_path / "c").exit_code == ro.EXIT_USAGE
+    write_run(tmp_path / "d", ["n1", "n2"], {"n1": {"status": "done"}, "n2": {"status": "refused"}})
+    assert ro.summarize(tmp_path / "d").exit_code == ro.EXIT_STOPPED
     assert ro.summarize(tmp_path / "missing") is None
 
 
@@ -194,7 +198,7 @@ def test_cli_an_interrupted_rollout_stops_the_playbook_and_exits_3(fake_playbook
     ansible, popen, _ = fake_playbook
     popen.results = {"n1": {"status": "done"}, "n2": {}}
 
-    def interrupted(process, log):
+    def interrupted(process, log, lost):
         raise command.Terminated("SIGTERM")
     monkeypatch.setattr(command, "_follow", interrupted)
     result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
@@ -260,3 +264,55 @@ def test_playbook_passes_syntax_check_with_both_inventories():
                                  "rollout.yml", "--syntax-check"], cwd=REPO / "ansible", capture_output=True,
                                 text=True, check=False)
         assert result.returncode == 0, result.stderr
+
+
+def test_cli_a_node_lost_mid_change_is_reported_and_exits_3(fake_playbook):
+    """Ansible runs neither the rescue (rollback) nor the always (result) of a node that became
+    unreachable: it was listed "not reached" with exit 1, "rolled back and healthy"."""
+    ansible, popen, _ = fake_playbook
+    popen.results = {"n1": {"status": "done"}, "n2": {}, "n3": {}}
+    real_init = popen.__init__
+
+    def init(self, argv, **kwargs):
+        real_init(self, argv, **kwargs)
+        self.stdout = iter([json.dumps({"_event": "v2_runner_on_unreachable", "task": {"name": "Restart: restart."},
+                                        "hosts": {"n2": {"msg": "ssh: connect to host n2 port 22: No route"}}}) + "\n"])
+    popen.__init__ = init
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab"),
+                                      "--json"])
+    assert result.exit_code == 3, result.output
+    data = json.loads(result.stdout)
+    assert data["lost"] == ["n2"] and data["not_reached"] == ["n3"]
+    assert "n2 became unreachable during its change" in " ".join(result.stderr.split())
+
+
+def test_cli_resume_refuses_another_change_under_the_same_name(fake_playbook):
+    """--fraction 0.93 --name q3 stopped at node 2; --fraction 0.92 --name q3 --resume skipped node
+    1 as done (on 0.93) and exited 0."""
+    ansible, popen, calls = fake_playbook
+    run_dir = ansible / "inventories" / ".rollout" / "lab" / "q3"
+    write_run(run_dir, ["n1", "n2"], {"n1": {"status": "done"}})
+    plan = json.loads((run_dir / "plan.json").read_text())
+    (run_dir / "plan.json").write_text(json.dumps(plan | {"requested": {"sglang_mem_fraction_static": 0.93}}))
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.92", "--name", "q3", "--resume",
+                                      "-i", str(ansible / "inventories" / "lab")])
+    assert result.exit_code == 2 and "was started with {'sglang_mem_fraction_static': 0.93}" in result.output
+    assert calls == []
+
+
+def test_cli_a_second_ctrl_c_while_the_playbook_stops_still_exits_3(fake_playbook, monkeypatch):
+    ansible, popen, _ = fake_playbook
+    popen.results = {"n1": {"status": "done"}, "n2": {}}
+
+    def interrupted(process, log, lost):
+        raise KeyboardInterrupt
+
+    def wait_with_a_second_ctrl_c(self, timeout=None):
+        if timeout is not None:  # the wait after the first Ctrl-C
+            signal.raise_signal(signal.SIGINT)
+        return 130
+    monkeypatch.setattr(command, "_follow", interrupted)
+    monkeypatch.setattr(popen, "wait", wait_with_a_second_ctrl_c)
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
+    assert result.exit_code == 3, result.output
+    assert "interrupted" in result.stderr and "Aborted" not in result.output

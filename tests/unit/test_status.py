@@ -1,7 +1,9 @@
 """opsctl status where it cannot look: an unreadable config, and GPUs that answer "[N/A]"."""
 
+import dataclasses
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from opsctl.cli import cli
@@ -94,7 +96,7 @@ def dead_engine(monkeypatch, seen=None):
     monkeypatch.setattr(status, "look", look)
     monkeypatch.setattr(status, "unit_state", lambda unit: UnitState(
         unit, "loaded", "failed", "failed", "exit-code", 5, 0, 1, "enabled", None, "run"))
-    monkeypatch.setattr(status.journal, "tail", lambda unit, lines: [])
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines, timeout_s=10.0: [])
 
 
 def test_an_unreadable_api_key_still_reports_a_dead_engine_as_critical(tmp_path, monkeypatch, node_config):
@@ -114,14 +116,15 @@ def test_an_unreadable_api_key_still_reports_a_dead_engine_as_critical(tmp_path,
 def test_no_systemd_to_ask_is_unknown_and_a_hung_nvidia_smi_a_warning(monkeypatch, node_config):
     """`systemctl show` without a running systemd gives no properties: that is not knowing the
     unit's state (before, "unknown (unknown, result )" was CRITICAL). A hung nvidia-smi gave a
-    traceback and exit 1."""
+    traceback and exit 1; it is a WARNING, and a fault seen outranks what could not be looked at
+    (UNKNOWN alone, it is 3: the next test)."""
     import subprocess
 
     from opsctl import engine
     node_config()
     up = engine.Probe("http://x/health", True, 200, 3.0)
     monkeypatch.setattr(status, "look", lambda url, timeout_s, api_key=None: engine.EngineView(up, up, up, up))
-    monkeypatch.setattr(status.journal, "tail", lambda unit, lines: [])
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines, timeout_s=10.0: [])
     monkeypatch.setattr(status.shutil, "which", lambda name: "/usr/bin/" + name)
 
     def run(argv, **kwargs):
@@ -131,9 +134,12 @@ def test_no_systemd_to_ask_is_unknown_and_a_hung_nvidia_smi_a_warning(monkeypatc
     monkeypatch.setattr(subprocess, "run", run)
     result = CliRunner().invoke(cli, ["status", "--json"])
     report = json.loads(result.output)
-    assert result.exit_code == 3 and report["level"] == "UNKNOWN", report["problems"]
+    assert result.exit_code == 1 and report["level"] == "WARNING", report["problems"]
     assert any("systemctl gives no state" in problem for problem in report["problems"])
     assert any("nvidia-smi did not answer" in problem for problem in report["problems"])
+    monkeypatch.setattr(status, "gpu_summary", lambda: "no GPU (nvidia-smi not found)")
+    alone = CliRunner().invoke(cli, ["status", "--json"])
+    assert alone.exit_code == 3 and json.loads(alone.output)["level"] == "UNKNOWN"
 
 
 
@@ -147,7 +153,7 @@ def test_a_restart_long_ago_is_no_warning(monkeypatch, node_config):
     node_config()
     up = engine.Probe("http://x/health", True, 200, 3.0)
     monkeypatch.setattr(status, "look", lambda url, timeout_s, api_key=None: engine.EngineView(up, up, up, up))
-    monkeypatch.setattr(status.journal, "tail", lambda unit, lines: [])
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines, timeout_s=10.0: [])
     monkeypatch.setattr(status, "gpu_summary", lambda: "no GPU (nvidia-smi not found)")
     monkeypatch.setattr(status, "guard_summary", lambda config: {"state": "not installed", "problem": None})
     for minutes_up, level in ((10, "WARNING"), (60 * 24 * 7, "OK")):
@@ -199,7 +205,7 @@ def _serving_node(monkeypatch, node_config, tmp_path, start_lines):
     (tmp_path / "sglang.env").write_text("SGLANG_MEM_FRACTION_STATIC=0.93\nDFLASH_VERIFY_KERNEL=1\n")
     up = engine.Probe("http://x/health", True, 200, 3.0)
     monkeypatch.setattr(status, "look", lambda url, timeout_s, api_key=None: engine.EngineView(up, up, up, up))
-    monkeypatch.setattr(status.journal, "tail", lambda unit, lines: [])
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines, timeout_s=10.0: [])
     monkeypatch.setattr(status, "gpu_summary", lambda: "no GPU (nvidia-smi not found)")
     monkeypatch.setattr(status, "guard_summary", lambda config: {"state": "not installed", "problem": None})
     monkeypatch.setattr(status, "unit_state", lambda unit: UnitState(
@@ -270,7 +276,7 @@ def test_a_retraction_after_a_crash_does_not_hide_the_crash(tmp_path, monkeypatc
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "oom"
     crash = (fixtures / "seed_journal.log").read_text().splitlines()
     retraction = (fixtures / "kv_pool.log").read_text().splitlines()[:1]
-    monkeypatch.setattr(status.journal, "tail", lambda unit, lines: crash + retraction)
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines, timeout_s=10.0: crash + retraction)
     report = json.loads(CliRunner().invoke(cli, ["status", "--json"]).output)
     assert report["last_incident"]["kind"] != "kv_pool_full"
     assert report["last_incident"]["classification"] in ("activation_spike", "fragmentation")
@@ -293,3 +299,66 @@ def test_a_guard_state_this_user_cannot_read_still_reports_a_dead_engine_as_crit
     assert any("the guard's state cannot be read" in p and "Permission denied" in p for p in report["problems"])
     human = CliRunner().invoke(cli, ["status"])
     assert human.exit_code == 2 and "guard" in human.output and "unknown" in human.output
+
+
+def _busy_engine(monkeypatch, batch_age_s, running):
+    """/health and /health_generate time out (a long prefill holds them), /metrics answers."""
+    from datetime import datetime, timedelta, timezone
+
+    from opsctl import engine
+    from opsctl.systemd import UnitState
+
+    slow = engine.Probe("http://x/health", False, None, None, "no answer within 2 s")
+    metrics = engine.Probe("http://x/metrics", True, 200, 3.0, None,
+                           f'sglang:num_running_reqs{{tp_rank="0"}} {running}\nsglang:num_queue_reqs{{tp_rank="0"}} 0\n')
+    monkeypatch.setattr(status, "look", lambda url, timeout_s, api_key=None: engine.EngineView(
+        slow, dataclasses.replace(slow, url="http://x/health_generate"), slow, metrics))
+    monkeypatch.setattr(status, "unit_state", lambda unit: UnitState(
+        unit, "loaded", "active", "running", "success", 0, 42, 0, "enabled", None, "run"))
+    stamp = (datetime.now(timezone.utc) - timedelta(seconds=batch_age_s)).strftime("%Y-%m-%dT%H:%M:%S%z")
+    line = (f"{stamp} node sglang[42]: [2026-12-05 09:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 4096, "
+            "#cached-token: 0, token usage: 0.61, #running-req: 1, #queue-req: 0")
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines, timeout_s=10.0: [line])
+    monkeypatch.setattr(status, "gpu_summary", lambda: "no GPU (nvidia-smi not found)")
+    monkeypatch.setattr(status, "guard_summary", lambda config: {"state": "not installed", "problem": None})
+
+
+def test_a_busy_engine_is_not_critical(monkeypatch, node_config):
+    """SGLang answers /health between forward passes: a 4,096-token chunk near 185k takes about
+    14 s, so a 2 s probe timed out and paged on-call for a healthy engine at work. Requests
+    running and a batch logged within a minute: busy, OK, and said so."""
+    node_config()
+    _busy_engine(monkeypatch, batch_age_s=12, running=1)
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    report = json.loads(result.output)
+    assert result.exit_code == 0, report["problems"]
+    assert any(problem.startswith("busy: health, health_generate did not answer within 2 s while 1 request(s) run")
+               for problem in report["problems"])
+
+
+@pytest.mark.parametrize("batch_age_s, running", [(600, 1), (12, 0)], ids=["no-batch-for-10-min", "nothing-runs"])
+def test_slow_probes_without_work_in_progress_are_still_critical(monkeypatch, node_config, batch_age_s, running):
+    node_config()
+    _busy_engine(monkeypatch, batch_age_s, running)
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    assert result.exit_code == 2 and json.loads(result.output)["level"] == "CRITICAL"
+
+
+def test_a_check_that_breaks_is_unknown_not_a_warning(monkeypatch, node_config):
+    """Any failure of the check itself (a parser meeting what it did not foresee) exited 1,
+    which monitoring reads as WARNING, even for a dead engine: it is UNKNOWN (3)."""
+    node_config()
+
+    def broken(config, engine_url=None):
+        raise ValueError("not enough values to unpack")
+    monkeypatch.setattr(status, "collect", lambda timeout_s: broken(None))
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    assert result.exit_code == 3 and "the check itself failed (ValueError" in result.output
+
+
+def test_an_nvidia_smi_line_status_cannot_read_is_said_not_a_traceback(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'WARNING: infoROM is corrupted at gpu 0000:01:00.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert status.gpu_summary().startswith("nvidia-smi gave a line status cannot read")
