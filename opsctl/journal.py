@@ -105,7 +105,9 @@ class JournalFollower:
         # --all: SGLang's server_args line alone is over the 4 KB that JSON output gives otherwise
         command = ["journalctl", "-u", unit, "-f", "-o", "json", "--all", "--no-pager"]
         command += ["--after-cursor", after_cursor] if after_cursor else ["-n", "0"]
-        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        # (its own session: a hangup of opsctl's terminal, which a restart outlives, or a Ctrl-C
+        # meant for opsctl, must not end the follower while the start is still followed)
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
                                          text=True, errors="replace")
         self._entries: queue.Queue[Entry] = queue.Queue()
         self._thread = threading.Thread(target=self._pump, daemon=True)

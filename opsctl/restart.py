@@ -106,7 +106,9 @@ def usual_start_seconds(config: NodeConfig) -> float | None:
 
 
 def _systemctl(*args: str) -> None:
-    result = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False, timeout=30)
+    # (its own session: a hangup of opsctl's terminal, which a restart outlives, must not kill it)
+    result = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False, timeout=30,
+                            start_new_session=True)
     if result.returncode != 0:
         raise click.ClickException(f"systemctl {' '.join(args)} failed: {result.stderr.strip()}")
 
@@ -307,16 +309,18 @@ def signals_deferred(swallow: bool = False) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for signum in caught:
+        raised: BaseException | None = None
+        for signum in caught:  # every one reaches its handler; the first that raises is raised after
             handler = previous[signum]
             if handler == signal.SIG_DFL:
                 signal.raise_signal(signum)  # (its default: the process ends, the step done)
             elif callable(handler):
                 try:
                     handler(signum, None)
-                except (KeyboardInterrupt, Terminated):
-                    if not swallow:
-                        raise
+                except (KeyboardInterrupt, Terminated) as error:
+                    raised = raised or error
+        if raised is not None and not swallow:
+            raise raised
 
 
 def _why(error: BaseException) -> str:
@@ -390,21 +394,25 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
             return RestartOutcome(True, False, attempt, None, before, after)
 
         # Roll back: the previous override file, byte for byte, then the same health-gated start.
+        restored = False
         try:
             with signals_deferred():
                 write_override_text(config.override_env_file, old_text)
+                restored = True
                 append_record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
                                         "journal": attempt.journal[-40:], **change})
             rollback = start_and_wait(config, budget_s, progress)
         except BaseException as error:
             why = _why(error)
             with signals_deferred(swallow=True):
-                append_record(history, {"event": "rollback", "outcome": "abandoned", "why": why,
-                                        "actor": actor(), "to": dataclasses.asdict(before)})
+                append_record(history, {"event": "rollback", "outcome": "abandoned", "why": why, "actor": actor(),
+                                        "override_restored": restored, "to": dataclasses.asdict(before)})
+            where = ("the previous override file is in place" if restored else
+                     f"{config.override_env_file} could not be put back and still holds the failed values: write "
+                     "it back (the history's `from` has the values) before the engine's next start")
             raise RestartAbandoned(
-                f"{attempt.reason}, and the rollback's start could not be followed ({why}); the "
-                f"previous override file is in place. Check `systemctl status {config.unit}` and run "
-                f"`opsctl status`: the engine may be down") from error
+                f"{attempt.reason}, and the rollback's start could not be followed ({why}); {where}. Check "
+                f"`systemctl status {config.unit}` and run `opsctl status`: the engine may be down") from error
         with signals_deferred(swallow=True):
             append_record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
                                     "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),

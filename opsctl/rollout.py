@@ -191,7 +191,7 @@ class Summary:
             return EXIT_DOWN
         if statuses <= {*FINISHED, DONE_EARLIER}:
             return EXIT_DONE
-        if "refused" in statuses and statuses <= {"refused", NOT_REACHED, DONE_EARLIER}:
+        if "refused" in statuses and statuses <= {"refused", NOT_REACHED, DONE_EARLIER, "unchanged"}:
             return EXIT_USAGE  # refused at a pre-check before this run changed any node
         return EXIT_STOPPED
 

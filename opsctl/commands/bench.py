@@ -360,16 +360,20 @@ def run_cmd(
         )
         if out_path is None:
             out_path = Path(f"bench-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.json")
-    floor_given = any(click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT
-                      for name in ("gpu", "bandwidth_tbs", "kv_cell_bytes"))
-    try:
-        floor = _floor(gpu, bandwidth_tbs, kv_cell_bytes)
-        if kv_cell_bytes is None:
-            floor["kv_cell_from_server"] = True  # the runner sets the cell from /server_info's KV dtype
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--gpu") from exc
-    if previous is not None and previous.floor and not floor_given:
-        floor = previous.floor  # (a resumed H200 sweep keeps its H200 floor unless told otherwise)
+    gpu_given = click.get_current_context().get_parameter_source("gpu") != click.core.ParameterSource.DEFAULT
+    if previous is not None and previous.floor and not gpu_given:
+        # a resumed sweep keeps its file's floor (an H200 sweep its H200 one), with what was given
+        bandwidth = bandwidth_tbs or previous.floor["bandwidth_tbs"]
+        name = previous.floor["label"].split(",")[0]
+        floor = floor_mod.Floor(bandwidth, kv_cell_bytes or previous.floor["kv_cell_bytes"],
+                                f"{name}, {bandwidth:g} TB/s").to_dict()
+    else:
+        try:
+            floor = _floor(gpu, bandwidth_tbs, kv_cell_bytes)
+            if kv_cell_bytes is None:
+                floor["kv_cell_from_server"] = True  # the runner sets the cell from /server_info's KV dtype
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--gpu") from exc
     if previous is not None:
         try:
             check_resumable(previous, settings)

@@ -81,8 +81,8 @@ def _follow(process: subprocess.Popen, log, lost: set[str]) -> dict[str, list[st
                 diffs.setdefault(event.host, []).append(text)
         if event.outcome == "skipped":
             continue
-        if event.outcome == "unreachable":
-            lost.add(event.host)
+        if event.outcome == "unreachable" and event.phase not in ("Plan", "Pre-check"):
+            lost.add(event.host)  # (unreachable at its pre-check, nothing had changed on it)
         if event.outcome in ("failed", "unreachable"):
             err_console.print(f"  {event.host}: [red]{event.task}[/red] {event.message[:400]}", soft_wrap=True)
         elif phases.get(event.host) != event.phase:
@@ -210,7 +210,8 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
         return
 
     summary = ro.summarize(run_dir, lost)
-    if summary is None or summary.run == earlier_run or (rc != 0 and not any(node.result for node in summary.nodes)):
+    if summary is None or summary.run == earlier_run or (
+            rc != 0 and not any(node.result for node in summary.nodes) and not summary.hosts(ro.LOST)):
         tail = log_path.read_text().splitlines()[-5:]
         err_console.print(f"the playbook stopped before changing any node (ansible-playbook exit {rc}); "
                           f"see {log_path}", soft_wrap=True)

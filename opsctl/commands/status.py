@@ -192,18 +192,27 @@ def collect(timeout_s: float) -> dict[str, Any]:
         "time": last.time, "kind": last.kind, "classification": last.classification,
         "action": last.recommendation.action if last.recommendation else None}
 
-    verify = verify_kernel_summary(config, unit)
+    # The parts below add to what the engine's own probes said; one that breaks is UNKNOWN, and
+    # never hides a dead engine's CRITICAL.
+    try:
+        verify = verify_kernel_summary(config, unit)
+    except Exception as error:  # noqa: BLE001
+        verify = {"switched_on": None, "checks": [], "problem": None, "error": f"{type(error).__name__}: {error}"}
+        problems.append((UNKNOWN, f"the verify kernel's state cannot be read ({type(error).__name__}: {error})"))
     if verify["problem"]:
         problems.append((WARNING, verify["problem"]))
 
     try:
         guard = guard_summary(config)
-    except OSError as error:  # e.g. not root: the state folder is root's
+    except Exception as error:  # noqa: BLE001 - e.g. not root: the state folder is root's
         guard = {"state": "unknown", "problem": f"the guard's state cannot be read: {error}"}
         problems.append((UNKNOWN, guard["problem"]))
     if guard["problem"] and guard["state"] != "unknown":
         problems.append((WARNING, guard["problem"]))
-    gpus = gpus_future.result()
+    try:
+        gpus = gpus_future.result()
+    except Exception as error:  # noqa: BLE001
+        gpus = f"nvidia-smi could not be read ({type(error).__name__}: {error})"
     if isinstance(gpus, str) and gpus.endswith(NVIDIA_SMI_HUNG):
         problems.append((WARNING, gpus))  # the engine's own probes say whether it still serves
 
@@ -270,6 +279,8 @@ def verify_kernel_summary(config, unit) -> dict[str, Any]:
 
 
 def _fmt_verify_kernel(verify: dict[str, Any]) -> str:
+    if verify.get("error"):
+        return f"not known ({verify['error']})"
     if not verify["switched_on"]:
         return f"SGLang's own ({VERIFY_KERNEL_ENV} is off)"
     checks = verify["checks"]

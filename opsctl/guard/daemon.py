@@ -311,8 +311,10 @@ class Guard:
                                      death=death)
             else:  # the rollback's restart was cut short: it runs now, on the file before the step
                 again = self.node.apply(TunedValues(), f"guard step {pending['id']}: the rollback a kill cut short")
-                result = ApplyResult(False, "rolled_back" if again.ok else "down", f"{why}; its rollback: {again.why}",
-                                     again.start_seconds, death, again.journal_tail)
+                outcome = again.outcome if again.outcome in ("deferred", "error") else \
+                    "rolled_back" if again.ok else "down"
+                result = ApplyResult(False, outcome, f"{why}; its rollback: {again.why}", again.start_seconds, death,
+                                     again.journal_tail)
             self._finish(pending, result, recovered=True)
             return
         self.store.audit("resumed-step", step_id=pending["id"], phase=pending["phase"],
@@ -473,6 +475,10 @@ class SystemNode:
             key = self.config.api_key()
             info = httpx.get(self.config.engine_url.rstrip("/") + "/server_info", timeout=5,
                              headers={"Authorization": f"Bearer {key}"} if key else {}).json()
+        except httpx.TimeoutException:
+            # SGLang answers /server_info through its scheduler, which a long prefill holds: an
+            # engine that started after the file, on the values in force, runs them
+            return True
         except (httpx.HTTPError, ValueError, click.ClickException):
             return False
         return (float(info.get("mem_fraction_static", -1)) == values.mem_fraction_static

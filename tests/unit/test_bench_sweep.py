@@ -519,5 +519,7 @@ def test_a_resumed_sweep_keeps_its_floor_unless_one_is_given(fake, tmp_path):
     r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out)])
     assert r.exit_code == 0, r.output
     assert load_result(out).floor["label"].startswith("H200")
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out), "--bandwidth-tbs", "4.24"])
+    assert load_result(out).floor["label"] == "H200, 4.24 TB/s"  # a partial option keeps the file's GPU
     r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", fake.url, "--resume", str(out), "--gpu", "rtx-pro-6000"])
     assert load_result(out).floor["label"].startswith("RTX PRO 6000")

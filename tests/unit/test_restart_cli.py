@@ -610,3 +610,23 @@ def test_a_fatal_line_of_the_new_run_fails_the_start(monkeypatch):
     assert not report.ok and "crashed" in report.reason
     assert any("CUDA out of memory" in line for line in report.journal)
     assert not any("Watchdog caught" in line for line in report.journal)
+
+
+def test_a_rollback_whose_file_cannot_be_written_says_the_file_still_holds_the_failed_values(node, monkeypatch):
+    """A full disk as the rollback writes the previous file: the message said the previous
+    override file was in place, and the next start by systemd ran the failed values."""
+    from opsctl import restart as restart_module
+
+    seen = _fake_starts(monkeypatch, node, False, True)
+    real_write = restart_module.write_override_text
+
+    def full_disk_on_restore(path, text):
+        if text == ORIGINAL_OVERRIDE:
+            raise OSError(28, "No space left on device", str(path))
+        real_write(path, text)
+    monkeypatch.setattr(restart_module, "write_override_text", full_disk_on_restore)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 3 and len(seen) == 1
+    assert "could not be put back and still holds the failed values" in " ".join(result.output.split())
+    assert "the previous override file is in place" not in result.output
+    assert _history(node)[-1]["override_restored"] is False

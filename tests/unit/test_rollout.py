@@ -316,3 +316,21 @@ def test_cli_a_second_ctrl_c_while_the_playbook_stops_still_exits_3(fake_playboo
     result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
     assert result.exit_code == 3, result.output
     assert "interrupted" in result.stderr and "Aborted" not in result.output
+
+
+@pytest.mark.parametrize("task, lost", [("Restart: restart.", True), ("Pre-check: probe health.", False)])
+def test_cli_the_only_node_lost_mid_change_is_not_nothing_changed(fake_playbook, task, lost):
+    """Production's one node unreachable mid-restart, no result anywhere: it was "stopped before
+    changing any node" (exit 2); unreachable at its pre-check, it is."""
+    ansible, popen, _ = fake_playbook
+    popen.results = {"n1": {}}
+    real_init = popen.__init__
+
+    def init(self, argv, **kwargs):
+        real_init(self, argv, **kwargs)
+        self.stdout = iter([json.dumps({"_event": "v2_runner_on_unreachable", "task": {"name": task},
+                                        "hosts": {"n1": {"msg": "ssh: connect to host n1 port 22: No route"}}}) + "\n"])
+    popen.__init__ = init
+    result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
+    assert result.exit_code == (3 if lost else 2), result.output
+    assert ("n1 became unreachable during its change" in " ".join(result.stderr.split())) is lost

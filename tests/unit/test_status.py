@@ -362,3 +362,21 @@ def test_an_nvidia_smi_line_status_cannot_read_is_said_not_a_traceback(tmp_path,
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert status.gpu_summary().startswith("nvidia-smi gave a line status cannot read")
+
+
+def test_a_part_of_the_check_that_breaks_leaves_a_dead_engine_critical(monkeypatch, node_config):
+    """Only some failures were handled inside the check: any other, in the guard's state or the
+    verify kernel's, turned a dead engine's CRITICAL into UNKNOWN."""
+    node_config()
+    dead_engine(monkeypatch)
+
+    def broken(config, unit=None):
+        raise TypeError("'NoneType' object is not subscriptable")
+    monkeypatch.setattr(status, "guard_summary", broken)
+    monkeypatch.setattr(status, "verify_kernel_summary", broken)
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    report = json.loads(result.output)
+    assert result.exit_code == 2 and report["level"] == "CRITICAL", report["problems"]
+    assert any("the guard's state cannot be read" in problem for problem in report["problems"])
+    human = CliRunner().invoke(cli, ["status"])
+    assert human.exit_code == 2 and "not known (TypeError" in human.output
