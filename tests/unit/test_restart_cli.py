@@ -269,29 +269,9 @@ def test_a_systemexit_while_following_a_start_restores_the_file_and_exits_3(node
     assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
 
 
-def test_a_second_ctrl_c_during_the_restore_is_held_off_until_the_file_is_back(node, monkeypatch):
-    """The first Ctrl-C stops the start; a second one during the restore's write used to cancel
-    it, leaving 0.91 in the file, and print "before anything changed" with exit 2."""
+def _ctrl_c_while_restoring(monkeypatch):
+    """A Ctrl-C arrives while the previous override file is being written back."""
     from opsctl import restart as restart_module
-
-    _fake_starts(monkeypatch, node, KeyboardInterrupt())
-    real_write = restart_module.write_override_text
-
-    def write_with_a_second_ctrl_c(path, text):
-        if text == ORIGINAL_OVERRIDE:
-            signals.raise_signal(signals.SIGINT)
-        real_write(path, text)
-    monkeypatch.setattr(restart_module, "write_override_text", write_with_a_second_ctrl_c)
-    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
-    assert result.exit_code == 3 and "could not be followed (interrupted)" in result.output, result.output
-    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
-    assert _history(node)[-1]["outcome"] == "abandoned"
-
-
-def test_ctrl_c_during_the_rollbacks_write_still_puts_the_previous_file_back(node, monkeypatch):
-    from opsctl import restart as restart_module
-
-    seen = _fake_starts(monkeypatch, node, False, True)
     real_write = restart_module.write_override_text
 
     def write_with_ctrl_c(path, text):
@@ -299,6 +279,24 @@ def test_ctrl_c_during_the_rollbacks_write_still_puts_the_previous_file_back(nod
             signals.raise_signal(signals.SIGINT)
         real_write(path, text)
     monkeypatch.setattr(restart_module, "write_override_text", write_with_ctrl_c)
+
+
+def test_a_second_ctrl_c_during_the_restore_is_held_off_until_the_file_is_back(node, monkeypatch):
+    """The first Ctrl-C stops the start; a second one during the restore's write used to cancel
+    it, leaving 0.91 in the file, and print "before anything changed" with exit 2."""
+
+    _fake_starts(monkeypatch, node, KeyboardInterrupt())
+    _ctrl_c_while_restoring(monkeypatch)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 3 and "could not be followed (interrupted)" in result.output, result.output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    assert _history(node)[-1]["outcome"] == "abandoned"
+
+
+def test_ctrl_c_during_the_rollbacks_write_still_puts_the_previous_file_back(node, monkeypatch):
+
+    seen = _fake_starts(monkeypatch, node, False, True)
+    _ctrl_c_while_restoring(monkeypatch)
     result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
     assert result.exit_code == 3 and "the rollback's start could not be followed (interrupted)" in result.output
     assert len(seen) == 1 and (node / "override.env").read_text() == ORIGINAL_OVERRIDE
