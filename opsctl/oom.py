@@ -67,16 +67,13 @@ _NO_KV = re.compile(
     r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. Please try to increase --mem-fraction-static"
 )
 _RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+\.\d+)")
-# Frames of an engine start, for an OOM with no start in view. Not `cuda_graph_runner` alone:
-# 0.5.23 replays its prefill and decode graphs from `runner/*_cuda_graph_runner.py` while serving.
-_STARTUP_FRAMES = re.compile(
-    r"init_memory_pool|alloc_memory_pool|kv_cache_configurator|profile_max_num_token|load_model|"
-    r"init_cuda_graphs|capture_|init_device_graphs"
-)
-# Frames of loading the weights, and of sizing the pool after them.
-_WEIGHT_FRAMES = re.compile(r"\bload_model\b|\bload_weights\b|model_loader")
+# Frames of sizing the pool and capturing graphs, and of loading the weights; both are an engine
+# start's, for an OOM with no start in view. Not `cuda_graph_runner` alone: 0.5.23 replays its
+# prefill and decode graphs from `runner/*_cuda_graph_runner.py` while serving.
 _POOL_FRAMES = re.compile(r"init_memory_pool|alloc_memory_pool|kv_cache_configurator|profile_max_num_token|"
                           r"init_cuda_graphs|capture_|init_device_graphs")
+_WEIGHT_FRAMES = re.compile(r"\bload_model\b|\bload_weights\b|model_loader")
+_STARTUP_FRAMES = re.compile(rf"{_POOL_FRAMES.pattern}|load_model")
 # The scheduler's per-batch lines: the engine is serving.
 BATCH_LINE = re.compile(r"\b(?:Prefill|Decode) batch\b")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
@@ -252,9 +249,11 @@ class OomScanner:
             return run.config.merged_with(self.config_hint)
         return replace(self.config_hint) if self.config_hint is not None else None
 
-    def _loading_weights(self) -> bool:
+    def _new_pending(self, rec: LogLine, lines: list[str]) -> _Pending:
+        """A traceback or message to collect, with the phase of the engine start it belongs to."""
         run = self.startups.current
-        return run is not None and run.load_begin_avail_gib is not None and run.load_end_avail_gib is None
+        loading_weights = run is not None and run.load_begin_avail_gib is not None and run.load_end_avail_gib is None
+        return _Pending(rec, lines, self._phase(), self._config(), [rec.raw], loading_weights)
 
     def _phase(self) -> str:
         run = self.startups.current
@@ -304,15 +303,14 @@ class OomScanner:
             done.extend(self.flush())
             done.extend(self._crash_signal(rec))
         elif (m := _HIT_EXCEPTION.search(msg)) is not None:
-            self._pending[key] = _Pending(rec, [m[2]] if m[2] else [], self._phase(), self._config(), [rec.raw],
-                                          self._loading_weights())
+            self._pending[key] = self._new_pending(rec, [m[2]] if m[2] else [])
         elif (
             _OOM_MARK.search(msg)
             or _NO_KV.search(msg)
             or "Prefill out of memory" in msg
             or "Decode out of memory" in msg
         ):
-            self._pending[key] = _Pending(rec, [msg], self._phase(), self._config(), [rec.raw], self._loading_weights())
+            self._pending[key] = self._new_pending(rec, [msg])
         elif (m := _RETRACT.search(msg)) is not None:
             incident = self._new(rec, "kv_pool_full", KV_POOL, self._config(), self._phase())
             incident.detail = f"KV cache pool is full; {m[1] or '?'} requests retracted"
@@ -329,7 +327,7 @@ class OomScanner:
                 incident.detail = "systemd: a process of the unit was killed by the OOM killer"
                 done.extend(self._emit(incident))
         elif _ILLEGAL.search(msg) or _NCCL.search(msg) or _CUDA_ERROR.search(msg):
-            self._pending[key] = _Pending(rec, [msg], self._phase(), self._config(), [rec.raw], self._loading_weights())
+            self._pending[key] = self._new_pending(rec, [msg])
         return done
 
     @staticmethod

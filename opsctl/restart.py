@@ -277,17 +277,24 @@ class Terminated(BaseException):
 
 
 @contextlib.contextmanager
+def signal_handler(signums: tuple[int, ...], handler: Callable) -> Iterator[dict]:
+    """`handler` for `signums` during the block, the handlers before it back after; yields those."""
+    previous = {sig: signal.signal(sig, handler) for sig in signums}
+    try:
+        yield previous
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
 def terminations_unwind(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
     """Turn `signums` into `Terminated` for the block (their default ends the process at once,
     leaving the new override file and no outcome in the history)."""
     def unwind(signum, _frame):
         raise Terminated(signal.Signals(signum).name)
-    previous = {sig: signal.signal(sig, unwind) for sig in signums}
-    try:
+    with signal_handler(signums, unwind):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -302,13 +309,12 @@ def signals_deferred(swallow: bool = False) -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous: dict = {}
     try:
-        yield
+        with signal_handler((signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
+                            lambda signum, _frame: caught.append(signum)) as previous:
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         raised: BaseException | None = None
         for signum in caught:  # every one reaches its handler; the first that raises is raised after
             handler = previous[signum]

@@ -40,18 +40,17 @@ class Change:
     expandable_segments: bool | None = None
     image: str | None = None
 
+    def _given(self, prefix: str) -> dict:
+        values = {"mem_fraction_static": self.fraction, "chunked_prefill_size": self.chunked_prefill_size,
+                  "expandable_segments": self.expandable_segments, "image": self.image}
+        return {f"{prefix}_{name}": value for name, value in values.items() if value is not None}
+
     def extra_vars(self) -> dict:
-        values = {"rollout_mem_fraction_static": self.fraction,
-                  "rollout_chunked_prefill_size": self.chunked_prefill_size,
-                  "rollout_expandable_segments": self.expandable_segments,
-                  "rollout_image": self.image}
-        return {key: value for key, value in values.items() if value is not None}
+        return self._given("rollout")
 
     def requested(self) -> dict:
         """The change as the playbook records it in plan.json (`__rollout_requested`)."""
-        values = {"sglang_mem_fraction_static": self.fraction, "sglang_chunked_prefill_size": self.chunked_prefill_size,
-                  "sglang_expandable_segments": self.expandable_segments, "sglang_image": self.image}
-        return {key: value for key, value in values.items() if value is not None}
+        return self._given("sglang")
 
     def slug(self) -> str:
         """A file-safe name for the change, e.g. `fraction-0.93_chunk-2048`."""

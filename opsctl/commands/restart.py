@@ -33,6 +33,7 @@ from opsctl.restart import (
     StartReport,
     Terminated,
     restart,
+    signal_handler,
     terminations_unwind,
     usual_start_seconds,
 )
@@ -70,11 +71,8 @@ def _hangups_go_on() -> Iterator[None]:
     writing to it would fail)."""
     def silence(_signum, _frame):
         console.quiet = err_console.quiet = True
-    previous = signal.signal(signal.SIGHUP, silence)
-    try:
+    with signal_handler((signal.SIGHUP,), silence):
         yield
-    finally:
-        signal.signal(signal.SIGHUP, previous)
 
 
 def _journal_lines() -> list[str]:

@@ -51,11 +51,9 @@ def gpu_summary() -> list[dict[str, Any]] | str:
     gpus = []
     for line in result.stdout.strip().splitlines():
         parts = [part.strip() for part in line.split(",")]
-        if len(parts) != 5:  # (a name with a comma, a driver's warning line)
+        if len(parts) != 5 or not parts[0].isdigit():  # (a name with a comma, a driver's warning line)
             return f"nvidia-smi gave a line status cannot read: {line!r}"
         index, name, used, total, util = parts
-        if not index.isdigit():
-            return f"nvidia-smi gave a line status cannot read: {line!r}"
         gpus.append({"index": int(index), "name": name, "memory_used_mib": _number(used),
                      "memory_total_mib": _number(total), "utilization_pct": _number(util)})
     return gpus

@@ -175,16 +175,22 @@ class Guard:
             if result.outcome in ("ok", "deferred", "rolled_back"):
                 return
 
-    def _overtaken(self, decided_on: TunedValues) -> bool:
-        """After a backoff: True (and audited) when the step must not run any more, because the
-        guard was paused or stopped, another change holds the lock, or the config it was decided on
-        changed meanwhile (an operator's restart or `overrides clear`): it would overwrite that."""
+    def _why_not_act(self, decided_on: TunedValues, meanwhile: str, also: TunedValues | None = None) -> str | None:
+        """Why a step decided on `decided_on` must not run now, or None: the guard was paused or
+        stopped, another change holds the lock (it decides the engine's fate), or the config in
+        force is neither `decided_on` nor `also` (an operator's restart or `overrides clear`
+        `meanwhile`: the step would overwrite it)."""
         why = held(self.store.load())
         if why is None and (holder := self.node.lock_holder()):
-            why = f"an engine change started during the backoff ({holder}); it decides the engine's fate"
-        if why is None and (now_in_force := policy.complete(self.node.effective())) != decided_on:
-            why = (f"the config changed during the backoff ({self._words(decided_on)} -> "
+            why = f"an engine change started {meanwhile} ({holder}); it decides the engine's fate"
+        if why is None and (now_in_force := policy.complete(self.node.effective())) not in (decided_on, also):
+            why = (f"the config changed {meanwhile} ({self._words(decided_on)} -> "
                    f"{self._words(now_in_force)}); the step decided on the old one is dropped")
+        return why
+
+    def _overtaken(self, decided_on: TunedValues) -> bool:
+        """After a backoff: True (and audited) when the step must not run any more (`_why_not_act`)."""
+        why = self._why_not_act(decided_on, "during the backoff")
         if why is not None:
             self.store.audit("deferred", why=why)
         return why is not None
@@ -283,22 +289,14 @@ class Guard:
         seen = {r["event"] for r in self.store.records() if r.get("step_id") == pending["id"]}
         if "decision" not in seen:
             self._audit_decision(pending, recovered=True)
-        if (why := held(self.store.load())) is not None:
+        # What happened while the guard was down decides, as after a backoff: a pause, another
+        # change in flight, or a config that is neither the step's start nor its end (an operator's
+        # restart) wins; a step whose start already failed is not tried a second time.
+        why = self._why_not_act(values_from(pending["from"]), "while the guard was down", values_from(pending["to"]))
+        if why is not None:
             self._finish(pending, ApplyResult(False, "deferred", f"{why}; the step is not finished"), recovered=True)
             return
-        # What happened while the guard was down decides, as after a backoff (`_overtaken`): another
-        # change in flight, or a config that is neither the step's start nor its end (an operator's
-        # restart), wins; a step whose start already failed is not tried a second time.
-        if holder := self.node.lock_holder():
-            self._finish(pending, ApplyResult(False, "deferred", f"an engine change holds the lock ({holder}); "
-                                              "the step is not finished"), recovered=True)
-            return
         in_force = policy.complete(self.node.effective())
-        if values_dict(in_force) not in (pending["from"], pending["to"]):
-            self._finish(pending, ApplyResult(
-                False, "deferred", f"the config changed while the guard was down ({self._words(values_from(pending['from']))} "
-                f"-> {self._words(in_force)}); the step decided on the old one is dropped"), recovered=True)
-            return
         if (failed := self.node.failed_start(pending["id"], pending["decided_at"])) is not None:
             # Its start failed and its rollback had begun (the file before the step is back): the
             # step is not tried again. Its death, from the journal lines the history kept, says
