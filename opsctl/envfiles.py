@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import click
+
 from opsctl.render import parse_env_file
 from opsctl.startup_log import expandable_segments_from_env
 
@@ -39,7 +41,12 @@ class EffectiveConfig:
 
 
 def read_env(path: Path) -> dict[str, str]:
-    return parse_env_file(path.read_text()) if path.exists() else {}
+    """An env file's variables ({} when there is none); one that cannot be read is an error
+    that names it (every command reports it with its own "could not read" code)."""
+    try:
+        return parse_env_file(path.read_text()) if path.exists() else {}
+    except OSError as error:
+        raise click.ClickException(f"cannot read {path}: {error.strerror or error}") from None
 
 
 def _expandable(alloc_conf: str | None) -> str | None:

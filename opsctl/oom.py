@@ -609,6 +609,9 @@ def recommend(
                 checked.safe = planner.is_safe(
                     setting.fraction, setting.chunk, inputs, expandable=bool(setting.expandable_segments)
                 )
+                if not checked.safe and "spike fits" in setting.why:  # (the rule's sum has no margin)
+                    checked.why += (f"; by the OOM's figures alone: the planner, with its "
+                                    f"{inputs.safety_margin_gib:g} GiB safety margin, finds the headroom short")
         settings.append(checked)
     notes = list(base.notes)
     for setting in settings:
@@ -655,4 +658,7 @@ def read_journal(unit: str, since: str | None = None, last: int | None = None,
     if result.returncode != 0:
         message = result.stderr.strip() or f"exit status {result.returncode}"
         raise JournalError(f"journalctl failed for unit {unit}: {message}")
-    yield from result.stdout.splitlines()
+    lines = [line for line in result.stdout.splitlines() if line != "-- No entries --"]
+    if not lines and result.stderr.strip():  # (exit 0 and "No journal files were found.")
+        raise JournalError(f"journalctl read nothing for unit {unit}: {result.stderr.strip()}")
+    yield from lines

@@ -340,9 +340,14 @@ def recommend(
     the target, the safe fraction holding the most tokens is returned with meets_target False.
     """
     fractions = list(fractions) if fractions is not None else fraction_range("0.80:0.98:0.01")
+    # The grid's steps can straddle the lowest fraction that holds the target (0.934 between
+    # 0.93 and 0.94 on the seed's node): try it too, within the grid's range.
+    lowest = lowest_fraction_for(context_target, inputs)
+    if lowest is not None and min(fractions) <= lowest <= max(fractions):
+        fractions.append(lowest)
     best: tuple[float, int] | None = None
     fallback: tuple[float, int] | None = None
-    for fraction in sorted(fractions):
+    for fraction in sorted(set(fractions)):
         safe_chunks = [chunk for chunk in sorted(chunks) if is_safe(fraction, chunk, inputs, expandable=True)]
         if not safe_chunks:
             continue
@@ -367,8 +372,8 @@ def recommend(
         )
     else:
         reason = (
-            f"no safe fraction holds {context_target:,} tokens; {fraction} gives the most "
-            f"({tokens:,}, {tokens / context_target:.1%} of the target)"
+            f"no fraction from {min(fractions)} to {max(fractions)} holds {context_target:,} tokens with a "
+            f"safe chunk; {fraction} gives the most ({tokens:,}, {tokens / context_target:.1%} of the target)"
         )
     return PlanRecommendation(
         fraction, chunk, True, tokens, context_target, best is not None, headroom, spike, reason

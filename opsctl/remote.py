@@ -61,18 +61,18 @@ def _ansible_inventory() -> str:
     return str(beside) if beside.is_file() else (shutil.which("ansible-inventory") or "ansible-inventory")
 
 
-def _from_inventory(inventory: str, host: str, args: list[str]) -> str:
+def _from_inventory(inventory: str, host: str) -> str:
     try:
         result = subprocess.run([_ansible_inventory(), "-i", inventory, "--host", host],
                                 capture_output=True, text=True, check=False, timeout=60)
     except FileNotFoundError:
-        raise _unreached(args, "ansible-inventory is not installed here: it finds -l's host in the inventory "
-                               "(install opsctl's dev extra, or give the node as -H ssh://HOST)") from None
+        raise _unreached("ansible-inventory is not installed here: it finds -l's host in the inventory "
+                         "(install opsctl's dev extra, or give the node as -H ssh://HOST)") from None
     except subprocess.TimeoutExpired as exc:
-        raise _unreached(args, f"ansible-inventory -i {inventory} did not answer within 60 s") from exc
+        raise _unreached(f"ansible-inventory -i {inventory} did not answer within 60 s") from exc
     if result.returncode != 0:
         why = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        raise _unreached(args, f"host {host} not found in {inventory}: {why}")
+        raise _unreached(f"host {host} not found in {inventory}: {why}")
     hostvars = json.loads(result.stdout)
     address = hostvars.get("ansible_host", host)
     if hostvars.get("ansible_connection", "ssh").endswith("docker"):
@@ -82,13 +82,13 @@ def _from_inventory(inventory: str, host: str, args: list[str]) -> str:
     return f"ssh://{user + '@' if user else ''}{address}{':' + str(port) if port else ''}"
 
 
-def _target_url(target: dict[str, str], args: list[str]):
+def _target_url(target: dict[str, str]):
     """The target as a parsed docker:// or ssh:// URL (a bare HOST is ssh)."""
     if "limit" in target and "inventory" not in target:
         raise click.UsageError("-l/--limit needs -i/--inventory")
     if "inventory" in target and "limit" not in target and "host" not in target:
         raise click.UsageError("-i/--inventory needs -l/--limit HOST: the inventory host to run on")
-    url = target.get("host") or _from_inventory(target["inventory"], target.get("limit", ""), args)
+    url = target.get("host") or _from_inventory(target["inventory"], target.get("limit", ""))
     parsed = urlparse(url if "://" in url else f"ssh://{url}")
     if parsed.scheme not in ("docker", "ssh"):
         raise click.UsageError(f"unknown target {url!r}: use docker://CONTAINER or ssh://[USER@]HOST[:PORT]")
@@ -97,7 +97,7 @@ def _target_url(target: dict[str, str], args: list[str]):
 
 def remote_command(target: dict[str, str], args: list[str]) -> list[str]:
     """The local command that runs `opsctl ARGS` on the target node."""
-    return _command(_target_url(target, args), args)
+    return _command(_target_url(target), args)
 
 
 def _command(parsed, args: list[str]) -> list[str]:
@@ -118,36 +118,48 @@ def _command(parsed, args: list[str]) -> list[str]:
         return ["ssh", *options, *(["-t"] if terminal else []), *port, login, "opsctl " + shlex.join(args)]
 
 
-# `opsctl status` is a Nagios check: a node that was not reached is UNKNOWN, whatever the
-# transport's own exit code (docker exec's 1 would read as WARNING, ssh's 255 as nothing at all).
-STATUS_UNKNOWN = UNKNOWN
+# A node that was not reached exits 3 whatever the command: "not known" for status (a Nagios
+# check: docker exec's 1 would read as WARNING, ssh's 255 as nothing at all), oom and guard
+# status, "could not be followed" for a restart; never a code that reads as the node's answer
+# (oom's 1 is "found", restart's 1 "rolled back").
+EXIT_UNREACHED = UNKNOWN
+SSH_FAILED = 255  # ssh's own exit status when it fails (the node's opsctl never exits 255)
 
 
-def _unreached(args: list[str], message: str) -> click.ClickException:
-    error = click.ClickException(message)
-    if args[:1] == ["status"]:
-        error.exit_code = STATUS_UNKNOWN
+def _unreached(message: str) -> click.ClickException:
+    error = click.ClickException(f"{message}; nothing was run on the node")
+    error.exit_code = EXIT_UNREACHED
     return error
 
 
+def _check_container(container: str) -> None:
+    """docker exec's own failure (exit 1) would pass for the node's answer: ask first."""
+    inspect = subprocess.run(["docker", "container", "inspect", "--format", "{{.State.Running}}", container],
+                             capture_output=True, text=True, check=False, timeout=30)
+    why = (inspect.stderr or inspect.stdout).strip()
+    if inspect.returncode != 0 and "no such" not in why.lower():
+        raise _unreached(f"cannot ask the local Docker engine about node container {container} ({why})")
+    if inspect.stdout.strip() != "true":
+        raise _unreached(f"node container {container} is not running ({why or 'stopped'})")
+
+
 def run_remote(target: dict[str, str], args: list[str]) -> int:
-    parsed = _target_url(target, args)
+    parsed = _target_url(target)
     command = _command(parsed, args)
     try:
-        if parsed.scheme == "docker":  # docker exec's own failure (exit 1) would pass for the node's answer
-            container = parsed.netloc
-            running = subprocess.run(["docker", "container", "inspect", "--format", "{{.State.Running}}", container],
-                                     capture_output=True, text=True, check=False, timeout=30)
-            if running.stdout.strip() != "true":
-                raise _unreached(args, f"node container {container} is not running "
-                                       f"({(running.stderr or running.stdout).strip() or 'stopped'})")
+        if parsed.scheme == "docker":
+            _check_container(parsed.netloc)
         code = subprocess.call(command)
     except FileNotFoundError as exc:
-        raise _unreached(args, f"{command[0]} is not installed here: it carries the command to the node "
-                               f"(install it, or run opsctl on the node itself)") from exc
+        raise _unreached(f"{command[0]} is not installed here: it carries the command to the node "
+                         f"(install it, or run opsctl on the node itself)") from exc
     except subprocess.TimeoutExpired as exc:
-        raise _unreached(args, "docker did not answer within 30 s") from exc
+        raise _unreached("docker did not answer within 30 s") from exc
     if args[:1] == ["status"] and code not in (0, 1, 2, 3):
         click.echo(f"UNKNOWN: the node's opsctl was not reached ({command[0]} exited {code})", err=True)
-        return STATUS_UNKNOWN
+        return EXIT_UNREACHED
+    if parsed.scheme == "ssh" and code == SSH_FAILED:
+        click.echo(f"the node's opsctl was not reached, or the connection dropped (ssh exited {code}); "
+                   "what it did is not known here", err=True)
+        return EXIT_UNREACHED
     return code

@@ -369,7 +369,15 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
         overrides = requested if replace else requested.merged_over(current)
         before, after = current.merged_over(ansible), overrides.merged_over(ansible)
         if not force:
-            refusals, warnings = check_plan(config, before, after, node_plan_inputs(config, journal_lines()))
+            inputs = node_plan_inputs(config, journal_lines())
+            if inputs is None and after != before:
+                # Unchecked is not safe: the seed's 0.94 crashed on its first long prefill.
+                raise click.ClickException(
+                    f"the planner cannot check this change: no engine start in {config.unit}'s journal "
+                    "logged its KV pool (a new node, a rotated journal, or a journal that could not be "
+                    "read). Start the engine on its current values first (`opsctl restart`), or pass "
+                    "--force to apply the change unchecked.")
+            refusals, warnings = check_plan(config, before, after, inputs)
             if refusals:
                 raise click.ClickException("the planner refuses this change: " + "; ".join(refusals)
                                            + ". Pass --force to apply it anyway.")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -401,7 +402,7 @@ def run_cmd(
     if result.stopped is not None:
         s = result.stopped
         where = f" at point {prompts.format_context(s.context)}" if s.context else ""
-        err_console.print(f"[bold red]stopped{where}[/]: {s.reason}", soft_wrap=True)
+        err_console.print(f"[bold red]stopped{where}[/]: {escape(s.reason)}", soft_wrap=True)
         if s.journal:
             err_console.print("journal excerpt:", style="bold")
             err_console.print(s.journal, markup=False, highlight=False, soft_wrap=True)
@@ -414,7 +415,7 @@ def run_cmd(
         raise SystemExit(EXIT_INTERRUPTED if s.kind == "interrupted" else EXIT_STOPPED)
     failed = [p for p in result.points if p.status == "error"]
     if failed:
-        names = ", ".join(f"{prompts.format_context(p.context_requested)} ({p.error})" for p in failed)
+        names = escape(", ".join(f"{prompts.format_context(p.context_requested)} ({p.error})" for p in failed))
         err_console.print(
             f"[bold red]{len(failed)} point(s) failed[/] with the server still up: {names}; "
             f"fix and retry them with: opsctl bench run --url {url} --resume {out_path}",

@@ -27,7 +27,8 @@ from opsctl.output import console, err_console, print_json
 
 def reads_root_files(exit_code: int = 1):
     """A command over the guard's files, which are root's: a user who may not read them is told
-    so, with the command's exit code for "not known", instead of a traceback."""
+    so, with the command's exit code for "not known", instead of a traceback (a node config that
+    cannot be read gets that code too)."""
     def wrap(command):
         @functools.wraps(command)
         def run(*args, **kwargs):
@@ -38,6 +39,9 @@ def reads_root_files(exit_code: int = 1):
                                                "guard's files are root's: run this as root on the node (sudo opsctl guard ...)")
                 failure.exit_code = exit_code
                 raise failure from None
+            except click.ClickException as error:  # a node config that cannot be read: "not known" too
+                error.exit_code = exit_code
+                raise
         return run
     return wrap
 

@@ -23,9 +23,10 @@ EXIT_FOUND = 1
 EXIT_NOT_READ = 3
 
 
-def _say(text: str) -> None:
-    # soft_wrap: long recommendation lines stay whole, so they can be grepped and copied.
-    console.print(text, soft_wrap=True)
+def _say(text: str, style: str | None = None) -> None:
+    # soft_wrap: long recommendation lines stay whole, so they can be grepped and copied. No
+    # markup: the text carries journal excerpts, where "[rank3]:" is no rich tag.
+    console.print(text, soft_wrap=True, markup=False, style=style)
 
 
 def _size(value: int | None) -> str:
@@ -69,7 +70,7 @@ def _print_incident(number: int, incident: oom_lib.Incident) -> None:
         )
         if part
     )
-    _say(f"[bold]#{number} {incident.kind}[/bold] ({incident.classification}) at {where}")
+    _say(f"#{number} {incident.kind} ({incident.classification}) at {where}", style="bold")
     if incident.kind == "cuda_oom":
         _say(
             f"  tried {_size(incident.tried_bytes)}, free {_size(incident.free_bytes)} of {_size(incident.total_bytes)}, "
@@ -162,19 +163,24 @@ def oom(
             "use a positive chunk size, or -1 for chunking disabled", param_hint="--chunked-prefill-size"
         )
     flags = TunedValues(fraction, chunk, expandable_segments)
-    config = load_config()  # (off the node: the defaults, the model preset and the context target)
-    lines: list[str]
-    if file_ is not None:
-        lines = _read_file(file_)
-    else:
-        try:
+    lines: list[str] = _read_file(file_) if file_ is not None else []
+    try:
+        config = load_config()  # (off the node: the defaults, the model preset and the context target)
+        if file_ is None:
             flags = flags.merged_over(values_in_force(config.env_file, config.override_env_file))
             lines = list(oom_lib.read_journal(unit or config.unit, since))
-        except (oom_lib.JournalError, click.ClickException) as exc:
-            # not "found" (1): a script reading the exit code must not take "could not look" for an OOM
-            error = click.ClickException(exc.message if isinstance(exc, click.ClickException) else str(exc))
+    except (oom_lib.JournalError, click.ClickException) as exc:
+        # not "found" (1): a script reading the exit code must not take "could not look" for an OOM
+        error = click.ClickException(exc.message if isinstance(exc, click.ClickException) else str(exc))
+        error.exit_code = EXIT_NOT_READ
+        raise error from None
+    if file_ is None and not lines:  # journalctl exits 0 for a unit that never logged (a mistyped --unit)
+        if since is None:
+            error = click.ClickException(f"the journal holds no line of {unit or config.unit}: is it the engine's "
+                                         "unit (--unit)? Nothing was analysed")
             error.exit_code = EXIT_NOT_READ
-            raise error from None
+            raise error
+        err_console.print(f"no journal line of {unit or config.unit} since {since}")
     hint = EngineConfig(mem_fraction_static=flags.mem_fraction_static, chunked_prefill_size=flags.chunked_prefill_size,
                         expandable_segments=flags.expandable_segments)
     incidents = oom_lib.analyze(lines, hint)

@@ -14,6 +14,7 @@ import click
 from rich.table import Table
 
 from opsctl import model_shapes, planner
+from opsctl.config import load_config
 from opsctl.output import console, err_console, print_json
 from opsctl.startup_log import GIB
 
@@ -33,6 +34,15 @@ def _shape(model: str | None, config: str | None, kv_dtype: str | None, no_draft
     return replace(shape, draft=None) if no_draft else shape
 
 
+def _node_context_target() -> int:
+    """The context target of this node's opsctl config (what status, oom and restart judge by),
+    or the default off a node or where that config cannot be read."""
+    try:
+        return load_config().context_target
+    except click.ClickException:
+        return planner.DEFAULT_CONTEXT_TARGET
+
+
 def _read_log(path: str) -> list[str]:
     try:
         return Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
@@ -40,8 +50,9 @@ def _read_log(path: str) -> list[str]:
         raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="--calibrate-log") from None
 
 
-def _table(rows: list[planner.PlanRow], chunks: list[int], target: int) -> Table:
-    table = Table(title=f"KV pool and headroom per fraction (target {target:,} tokens)")
+def _table(rows: list[planner.PlanRow], chunks: list[int], target: int, margin_gib: float) -> Table:
+    table = Table(title=f"KV pool and headroom per fraction (target {target:,} tokens)",
+                  caption=f"safe: spike + {margin_gib:g} GiB margin <= headroom, with expandable segments")
     table.add_column("fraction", justify="right")
     table.add_column("KV tokens", justify="right")
     table.add_column("of target", justify="right")
@@ -82,16 +93,17 @@ def _table(rows: list[planner.PlanRow], chunks: list[int], target: int) -> Table
     show_default=True,
     help="Memory outside PyTorch before weights load (CUDA context, NCCL), GiB.",
 )
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--tp", type=click.IntRange(min=1),
+              help="Tensor-parallel size (8 on the seed's node); needed without --calibrate-log, whose engine "
+                   "start gives it.")
 @click.option(
     "--page-size", type=click.IntRange(min=1), default=1, show_default=True, help="--page-size of the engine."
 )
 @click.option(
     "--context-target",
     type=click.IntRange(min=1),
-    default=planner.DEFAULT_CONTEXT_TARGET,
-    show_default=True,
-    help="Tokens one request must fit in the pool.",
+    help="Tokens one request must fit in the pool [default: the node's opsctl config's target, else "
+    f"{planner.DEFAULT_CONTEXT_TARGET:,}].",
 )
 @click.option(
     "--chunk",
@@ -113,9 +125,9 @@ def plan(
     gpu_mem_gib: float | None,
     weights_gib: float | None,
     non_torch_gib: float,
-    tp: int,
+    tp: int | None,
     page_size: int,
-    context_target: int,
+    context_target: int | None,
     chunks: tuple[int, ...],
     fractions: str,
     calibrate_log: str | None,
@@ -134,11 +146,17 @@ def plan(
     except planner.PlanError as exc:
         raise click.BadParameter(str(exc), param_hint="--fractions") from None
     chunk_list = sorted(set(chunks)) or list(planner.DEFAULT_CHUNKS)
-    if calibrate_log is None and (gpu_mem_gib is None or weights_gib is None):
-        raise click.UsageError("give --gpu-mem-gib and --weights-gib, or --calibrate-log with a node's startup log")
+    if calibrate_log is None and (gpu_mem_gib is None or weights_gib is None or tp is None):
+        raise click.UsageError("give --gpu-mem-gib, --weights-gib and --tp (the KV cell per GPU depends on it), "
+                               "or --calibrate-log with a node's startup log")
+    if calibrate_log is not None and (gpu_mem_gib is not None or weights_gib is not None):
+        err_console.print("--calibrate-log: the log's engine start gives the GPU's and the weights' sizes; "
+                          "--gpu-mem-gib and --weights-gib are not used")
+    context_target = context_target or _node_context_target()
     gpu = planner.GpuSpec(total_gib=gpu_mem_gib if gpu_mem_gib is not None else 0.0, non_torch_gib=non_torch_gib)
     inputs = planner.PlanInputs(
-        gpu=gpu, shape=shape, weights_gib=weights_gib or 0.0, tp=tp, page_size=page_size, include_draft=not no_draft
+        gpu=gpu, shape=shape, weights_gib=weights_gib or 0.0, tp=tp or 1, page_size=page_size,
+        include_draft=not no_draft
     )
     if calibrate_log is not None:
         try:
@@ -172,7 +190,7 @@ def plan(
         f"cell {inputs.cell_bytes:,} bytes/token; pre-load free {inputs.pre_gib:.2f} GiB; "
         f"post-pool {inputs.post_pool_gib:.2f} GiB; spike model: {inputs.activation.source}"
     )
-    console.print(_table(rows, chunk_list, context_target))
+    console.print(_table(rows, chunk_list, context_target, inputs.safety_margin_gib))
     if best.fraction is None:
         console.print(f"No safe setting: {best.reason}.")
         return

@@ -24,7 +24,7 @@ from opsctl.config import load_config
 from opsctl.envfiles import effective_config
 from opsctl.oom import read_journal
 from opsctl.output import console, err_console, print_json
-from opsctl.overrides import TunedValues, values_in_file
+from opsctl.overrides import TunedValues, validate, values_in_file
 from opsctl.restart import (
     PLANNER_JOURNAL_LINES,
     PLANNER_JOURNAL_TIMEOUT_S,
@@ -115,6 +115,7 @@ def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: floa
     except click.ClickException as error:  # nothing was changed
         error.exit_code = EXIT_REFUSED
         raise
+    validate(requested)  # (before the line below: a refused value is no restart attempt)
     budget = budget_s or config.start_timeout_s
     progress = _Progress(usual_start_seconds(config))
     err_console.print(f"restarting {config.unit} ({reason})")
@@ -214,15 +215,15 @@ def overrides_clear(no_restart, reason, budget_s, wait_lock_s, json_) -> None:
         from opsctl.overrides import render_overrides, write_override_text
         from opsctl.state import actor, append_record
 
-        config = load_config()
         try:
+            config = load_config()
             with engine_lock(config.state_dir, f"{actor()}: overrides clear", wait_lock_s):
                 write_override_text(config.override_env_file,
                                     render_overrides(TunedValues(), config.env_file, actor(), reason))
                 append_record(config.state_dir / "history.jsonl",
                               {"event": "overrides-clear", "outcome": "written", "actor": actor(),
                                "reason": reason, "time_written": time.time()})
-        except click.ClickException as error:  # another change holds the lock: refused, as for restart
+        except click.ClickException as error:  # a broken config, another change holding the lock: refused, as for restart
             error.exit_code = EXIT_REFUSED
             raise
         err_console.print("overrides cleared; restart the engine to apply")

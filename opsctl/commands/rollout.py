@@ -148,8 +148,10 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
         raise click.UsageError("--check shows a whole rollout; leave out --resume")
     playbook_dir = ro.ansible_dir()
     if not (playbook_dir / "rollout.yml").is_file():
-        raise click.ClickException(f"{playbook_dir / 'rollout.yml'} not found: run opsctl from the checkout "
-                                   "or set OPSCTL_ANSIBLE_DIR to its ansible/ folder")
+        error = click.ClickException(f"{playbook_dir / 'rollout.yml'} not found: run opsctl from the checkout "
+                                     "or set OPSCTL_ANSIBLE_DIR to its ansible/ folder")
+        error.exit_code = ro.EXIT_USAGE
+        raise error
     inventory = inventory or playbook_dir / "inventories" / "production"
     change = ro.Change(fraction, chunk, expandable_segments, image)
     name = name or change.slug()
@@ -168,12 +170,12 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
                                playbook_dir=playbook_dir)
     if not Path(argv[0]).is_file():
         error = click.ClickException(f"{argv[0]} not found: opsctl runs its own environment's ansible-playbook; "
-                                     "install opsctl with its dev extra (pip install 'opsctl[dev]') there")
+                                     "install opsctl with its dev extra (pip install 'dflash-ops[dev]') there")
         error.exit_code = ro.EXIT_USAGE
         raise error
     values = ", ".join(f"{k}={v}" for k, v in change.extra_vars().items()) or "inventory values"
     err_console.print(f"rollout {name}: {values}"
-                      f" on {limit} ({inventory}), {batch} node(s) at a time{' [check]' if check else ''}")
+                      f" on {limit} ({inventory}), {batch} node(s) at a time{' (check only)' if check else ''}")
     run_dir.mkdir(parents=True, exist_ok=True)
     # the plan an earlier run left: if the playbook stops before writing its own, that one must not
     # be read as this run's
@@ -201,7 +203,7 @@ def rollout(fraction, chunk, expandable_segments, image, inventory, limit, batch
                 console.print(f"[bold]{host}[/bold]")
                 for text in texts:
                     console.print(text, markup=False, highlight=False, end="")
-            if not diffs:
+            if not diffs and rc == 0:
                 console.print("no node would change")
         if rc != 0:  # nothing was changed: a usage-level failure, not a stopped rollout (1)
             error = click.ClickException(f"the check failed (ansible-playbook exit {rc}); see {log_path}")

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from opsctl import journal, oom
@@ -278,7 +279,7 @@ def verify_kernel_summary(config, unit) -> dict[str, Any]:
 
 def _fmt_verify_kernel(verify: dict[str, Any]) -> str:
     if verify.get("error"):
-        return f"not known ({verify['error']})"
+        return f"not known ({escape(str(verify['error']))})"
     if not verify["switched_on"]:
         return f"SGLang's own ({VERIFY_KERNEL_ENV} is off)"
     checks = verify["checks"]
@@ -288,7 +289,7 @@ def _fmt_verify_kernel(verify: dict[str, Any]) -> str:
     passed = [check for check in checks if check["passed"]]
     text = f"dflash kernel on {len(passed)} of {len(checks)} GPU process(es)"
     if passed:
-        text += f" ({passed[0]['kernel']} on {passed[0]['device']}, self-check passed)"
+        text += escape(f" ({passed[0]['kernel']} on {passed[0]['device']}, self-check passed)")
     if len(passed) < len(checks):
         text += f", [red]SGLang's own on {len(checks) - len(passed)} (self-check failed)[/red]"
     return text
@@ -297,7 +298,7 @@ def _fmt_verify_kernel(verify: dict[str, Any]) -> str:
 def _fmt_probe(probe: dict[str, Any]) -> str:
     if probe["ok"]:
         return f"[green]200[/green] in {probe['latency_ms']:.0f} ms"
-    return f"[red]{probe['error']}[/red]"
+    return f"[red]{escape(str(probe['error']))}[/red]"
 
 
 def _fmt_uptime(seconds: float | None) -> str:
@@ -314,8 +315,9 @@ def _mib(value: float | None) -> str:
 
 def render_human(report: dict[str, Any]) -> None:
     colour = {"OK": "green", "WARNING": "yellow", "CRITICAL": "red", "UNKNOWN": "magenta"}[report["level"]]
+    # (escape: problems, the engine's answers and the env files carry text rich would take for markup)
     console.print(f"[bold {colour}]{report['level']}[/bold {colour}]"
-                  + (": " + "; ".join(report["problems"]) if report["problems"] else ""), soft_wrap=True)
+                  + (": " + escape("; ".join(report["problems"])) if report["problems"] else ""), soft_wrap=True)
     if "unit" not in report:  # UNKNOWN before anything could be looked at
         return
     table = Table(show_header=False, box=None, pad_edge=False)
@@ -328,13 +330,13 @@ def render_human(report: dict[str, Any]) -> None:
     table.add_row("health", _fmt_probe(report["health"]))
     table.add_row("generate", _fmt_probe(report["health_generate"]))
     engine = report["engine"]
-    table.add_row("engine", f"SGLang {engine['version'] or '?'} at {engine['url']}: {engine['model'] or '?'}, "
-                            f"TP{engine['tp_size'] or '?'}, speculative {engine['speculative_algorithm'] or 'off'}")
+    table.add_row("engine", escape(f"SGLang {engine['version'] or '?'} at {engine['url']}: {engine['model'] or '?'}, "
+                                   f"TP{engine['tp_size'] or '?'}, speculative {engine['speculative_algorithm'] or 'off'}"))
     for name, setting in report["config"].items():
-        note = f" [yellow](Ansible: {setting['ansible_value']})[/yellow]" if setting["drift"] else ""
+        note = f" [yellow](Ansible: {escape(str(setting['ansible_value']))})[/yellow]" if setting["drift"] else ""
         running = engine["running"].get(name)
         live = f", engine runs {running}" if running is not None and str(running) != str(setting["value"]) else ""
-        table.add_row(name, f"{setting['value']} from {setting['source']}{note}{live}")
+        table.add_row(name, f"{escape(str(setting['value']))} from {escape(str(setting['source']))}{note}{escape(live)}")
     kv = report["kv_pool"]
     if kv.get("max_total_num_tokens"):
         usage = f", {kv['token_usage']:.0%} in use" if "token_usage" in kv else ""
@@ -342,14 +344,14 @@ def render_human(report: dict[str, Any]) -> None:
                                  f"of {kv['context_target']:,}{usage}")
     table.add_row("verify kernel", _fmt_verify_kernel(report["verify_kernel"]))
     guard = report["guard"]
-    table.add_row("guard", guard["state"] + (f": {guard['problem']}" if guard["problem"] else ""))
+    table.add_row("guard", escape(guard["state"] + (f": {guard['problem']}" if guard["problem"] else "")))
     gpus = report["gpus"]
     table.add_row("gpus", gpus if isinstance(gpus, str) else
                   ", ".join(f"{g['index']}: {_mib(g['memory_used_mib'])}/{_mib(g['memory_total_mib'])} MiB" for g in gpus))
     last = report["last_incident"]
     table.add_row("last crash", "none in the recent journal" if last is None else
-                  f"{last['time']}: {last['kind']} ({last['classification']})"
-                  + (f" -> {last['action']}" if last["action"] else ""))
+                  escape(f"{last['time']}: {last['kind']} ({last['classification']})"
+                         + (f" -> {last['action']}" if last["action"] else "")))
     console.print(table)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,12 +54,15 @@ def test_seed_recommendation_checked_by_the_planner():
     facts_only = planner.calibrate_from_startup(base, last_sized_startup(_lines("startup_093.log")))
     rec = oom.recommend(incident, facts_only, context_target=200_000)
     # 0.94 holds the target but this OOM proved 3.40 GiB in use besides the chunk's buffer, which
-    # 0.94's 4.28 GiB cannot fit with a 4096 chunk and the margin: the planner adds its own choice
+    # 0.94's 4.28 GiB cannot fit with a 4096 chunk and the margin: the planner adds its own choice,
+    # the lowest fraction that holds the target (between the 0.01 grid's steps)
     assert [(s.fraction, s.chunk, s.tokens, s.meets_target, s.safe) for s in rec.settings] == [
         (0.93, 4096, 195_011, False, True),
         (0.94, 4096, 208_782, True, False),
-        (0.93, 8192, 195_011, False, True),
+        (0.934, 8192, 200_519, True, True),
     ]
+    # the rule's "the spike fits once the chunk halves" (no margin) says why the planner disagrees
+    assert "the planner, with its 0.5 GiB safety margin, finds the headroom short" in rec.settings[1].why
     assert "0.93 holds 195,011 tokens, 97.5% of the 200,000 target" in rec.notes
 
 
@@ -232,6 +236,16 @@ def test_a_no_kv_start_is_never_advised_to_raise_to_where_it_failed():
     assert incident.recommendation.settings[0].fraction == 0.91
 
 
+@pytest.mark.parametrize("prefix", ["[rank3]:", "[/rank3]"])
+def test_journal_text_with_square_brackets_is_printed_as_it_is(prefix):
+    """Journal text went through rich markup: PyTorch's "[rank3]:" prefix vanished from the
+    output, and "[/rank3]" crashed `opsctl oom` with a MarkupError traceback (exit 1, "found")."""
+    text = (FIXTURES / "nccl.log").read_text().replace("DistBackendError: NCCL", f"DistBackendError: {prefix} NCCL")
+    result = CliRunner().invoke(oom_command, ["--file", "-"], input=text, terminal_width=250)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 1 and f"{prefix} NCCL error in:" in result.output
+
+
 def test_cli_json_from_stdin():
     import json
 
@@ -265,6 +279,24 @@ def test_cli_journal_failure(monkeypatch):
     result = CliRunner().invoke(oom_command, [])
     assert result.exit_code == 3  # not 1, "found": a script must not take "could not look" for an OOM
     assert "Error: journalctl not found; read a saved log with --file PATH (or - for stdin)" in result.output
+
+
+def test_a_journal_with_no_line_of_the_unit_is_not_reported_as_no_ooms(monkeypatch):
+    """journalctl exits 0 for a unit that never logged (a mistyped --unit) and for a host with no
+    journal files: "No OOMs or crashes found", exit 0, was a false all-clear."""
+    def run(argv, **kwargs):
+        return subprocess.CompletedProcess(argv, 0, "-- No entries --\n", "")
+    monkeypatch.setattr(oom.shutil, "which", lambda name: "/bin/journalctl")
+    monkeypatch.setattr(oom.subprocess, "run", run)
+    result = CliRunner().invoke(oom_command, ["--unit", "sglnag.service"])
+    assert result.exit_code == 3 and "the journal holds no line of sglnag.service" in result.output
+    later = CliRunner().invoke(oom_command, ["--unit", "sglang.service", "--since", "1 hour ago"])
+    assert later.exit_code == 0 and "no journal line of sglang.service since 1 hour ago" in later.output
+
+    monkeypatch.setattr(oom.subprocess, "run", lambda argv, **kwargs: subprocess.CompletedProcess(
+        argv, 0, "", "No journal files were found.\n"))
+    with pytest.raises(oom.JournalError, match="No journal files were found"):
+        list(oom.read_journal("sglang.service"))
 
 
 def test_a_later_kill_is_not_filed_under_a_retraction():

@@ -144,12 +144,15 @@ def test_seed_table(seed_node):
 
 
 def test_seed_recommendation(seed_node):
-    # No safe fraction holds 200k: the seed's OOM (its message cut before the fragmentation
-    # figure) proved 3.40 GiB in use besides the chunk's buffer, which 0.94 cannot leave room for.
+    # The seed's OOM (its message cut before the fragmentation figure) proved 3.40 GiB in use
+    # besides the chunk's buffer, which 0.94 cannot leave room for with the margin; no fraction
+    # of the 0.01 grid holds 200k safely, but 0.934, between its steps, does (it was reported
+    # as "no safe fraction holds 200,000 tokens").
     best = planner.recommend(200_000, seed_node, FRACTIONS, (4096, 8192))
     assert (best.fraction, best.chunk, best.expandable_segments, best.tokens, best.meets_target) == (
-        0.93, 8192, True, 195_011, False)
+        0.934, 8192, True, 200_519, True)
     assert planner.lowest_fraction_for(200_000, seed_node) == 0.934
+    assert not planner.is_safe(0.94, 4096, seed_node) and planner.is_safe(0.934, 8192, seed_node)
     assert planner.max_total_num_tokens(0.933, seed_node) < 200_000 <= planner.max_total_num_tokens(0.934, seed_node)
     short = planner.recommend(300_000, seed_node, FRACTIONS, (4096, 8192))
     assert (short.fraction, short.chunk, short.meets_target) == (0.93, 8192, False)
@@ -260,7 +263,23 @@ def test_cli_seed_node_table():
     result = CliRunner().invoke(plan_command, ["--model", "kimi-k2.6", "--calibrate-log", str(FIXTURES / "seed_node.log")])
     assert result.exit_code == 0, result.output
     assert "195,011" in result.output and "208,782" in result.output
-    assert "Recommended: --mem-fraction-static 0.93 --chunked-prefill-size 8192" in result.output.replace("\n", " ")
+    assert "Recommended: --mem-fraction-static 0.934 --chunked-prefill-size 8192" in result.output.replace("\n", " ")
+    assert "safe: spike + 0.5 GiB margin <= headroom" in result.output
+
+
+def test_the_target_is_the_nodes_own(tmp_path, monkeypatch):
+    """On a node whose config targets 185,000 tokens (production), plan judged by 200,000 while
+    status, oom and restart judged by 185,000."""
+    config = tmp_path / "opsctl.yml"
+    config.write_text("context_target: 185000\n")
+    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    result = CliRunner().invoke(plan_command, ["--calibrate-log", str(FIXTURES / "seed_node.log")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "target 185,000 tokens" in result.output
+    assert "Recommended: --mem-fraction-static 0.923 --chunked-prefill-size 8192" in result.output.replace("\n", " ")
+    given = CliRunner().invoke(plan_command, ["--calibrate-log", str(FIXTURES / "seed_node.log"),
+                                              "--context-target", "200000"], terminal_width=200)
+    assert "target 200,000 tokens" in given.output
 
 
 def test_cli_json():
@@ -276,11 +295,12 @@ def test_cli_json():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "kimi-k2.6"], "give --gpu-mem-gib and --weights-gib, or --calibrate-log"),
+        (["--model", "kimi-k2.6"], "give --gpu-mem-gib, --weights-gib and --tp"),
         (["--model", "kimi-k2.6", "--config", "x.json", "--gpu-mem-gib", "94", "--weights-gib", "70"], "give --model or --config, not both"),
         (["--config", "/nonexistent/config.json", "--gpu-mem-gib", "94", "--weights-gib", "70"], "no such file"),
         (["--gpu-mem-gib", "94", "--weights-gib", "70", "--fractions", "0.9:0.8:0.01"], "bad fraction range"),
-        (["--gpu-mem-gib", "94", "--weights-gib", "95"], "do not fit"),
+        (["--gpu-mem-gib", "94", "--weights-gib", "95", "--tp", "8"], "do not fit"),
+        (["--gpu-mem-gib", "94.97", "--weights-gib", "74.29"], "--weights-gib and --tp (the KV cell per GPU depends on it)"),
         (["--model", "llama"], "Invalid value for '--model'"),
         (["--calibrate-log", "/nonexistent/node.log"], "cannot read /nonexistent/node.log"),
     ],

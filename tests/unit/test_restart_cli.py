@@ -76,7 +76,7 @@ def test_an_override_file_that_cannot_be_written_is_refused_and_recorded(node, m
         raise PermissionError(13, "Permission denied", str(path))
     monkeypatch.setattr(restart_module, "write_override_text", read_only)
     starts = _fake_starts(monkeypatch, node, True)
-    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.92"])
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.92", "--force"])
     assert result.exit_code == 2 and "nothing was changed and the engine was not restarted" in result.output
     assert starts == [] and (node / "override.env").read_text() == ORIGINAL_OVERRIDE
     assert [r["outcome"] for r in _history(node)] == ["started", "refused"]
@@ -354,6 +354,26 @@ def test_the_planner_refuses_only_a_change_that_makes_its_problem_worse(node, mo
         assert "the planner warns (the values in force already have this; not refused)" in result.output
 
 
+@pytest.mark.parametrize("args, refused", [
+    ([], False),                                          # a plain restart changes no value
+    (["--fraction", "0.99"], True),                       # unchecked: would have gone through silently
+    (["--chunked-prefill-size", "16384"], True),
+    (["--fraction", "0.99", "--force"], False),
+])
+def test_a_change_the_planner_cannot_check_needs_force(node, monkeypatch, args, refused):
+    """No engine start in the journal (a new node, a rotated journal): the planner had no inputs
+    and passed everything, so `--fraction 0.99` reached systemctl without a word."""
+    monkeypatch.setattr("opsctl.commands.restart._journal_lines", lambda: [])
+    seen = _fake_starts(monkeypatch, node, True)
+    result = CliRunner().invoke(cli, ["restart", *args])
+    if refused:
+        assert result.exit_code == 2 and "the planner cannot check this change" in result.output
+        assert seen == [] and (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+    else:
+        assert result.exit_code == 0, result.output
+        assert len(seen) == 1
+
+
 @pytest.mark.parametrize("argv", [["--host=docker://dflash-train", "status"], ["-Hdocker://dflash-train", "status"],
                                   ["--host", "docker://dflash-train", "status"]])
 def test_every_spelling_of_a_target_goes_to_the_node(argv):
@@ -408,8 +428,9 @@ def test_an_inventory_host_that_cannot_be_found_is_unknown_to_status(monkeypatch
     assert exit_.value.code == 3 and "ansible-inventory is not installed here" in capsys.readouterr().err
 
 
-def test_a_node_that_was_not_reached_is_unknown_to_status(monkeypatch, capsys):
-    """docker exec into a stopped container exits 1 (WARNING to a check), ssh's failures 255."""
+def test_a_node_that_was_not_reached_exits_3_whatever_the_command(monkeypatch, capsys):
+    """docker exec into a stopped container exits 1 (WARNING to a check, "found" to oom, "rolled
+    back" to restart), ssh's failures 255: every command now exits 3, not known."""
     from opsctl import remote
 
     calls = []
@@ -421,10 +442,25 @@ def test_a_node_that_was_not_reached_is_unknown_to_status(monkeypatch, capsys):
     assert error.value.exit_code == 3 and "not running" in error.value.message and calls == []
     with pytest.raises(click.ClickException) as error:
         remote.run_remote({"host": "docker://dflash-train"}, ["restart", "--fraction", "0.93"])
-    assert error.value.exit_code == 1
+    assert error.value.exit_code == 3 and "nothing was run on the node" in error.value.message
     assert remote.run_remote({"host": "ssh://ops@gpu-7"}, ["status"]) == 3
-    assert "was not reached (ssh exited 255)" in capsys.readouterr().err
-    assert remote.run_remote({"host": "ssh://ops@gpu-7"}, ["guard", "status"]) == 255  # not a check: as it came
+    assert "UNKNOWN: the node's opsctl was not reached (ssh exited 255)" in capsys.readouterr().err
+    assert remote.run_remote({"host": "ssh://ops@gpu-7"}, ["oom"]) == 3
+    assert "not reached, or the connection dropped (ssh exited 255)" in capsys.readouterr().err
+    # the node's own answers come back as they are
+    monkeypatch.setattr(remote.subprocess, "call", lambda argv: 1)
+    assert remote.run_remote({"host": "ssh://ops@gpu-7"}, ["oom"]) == 1
+
+
+def test_a_docker_engine_that_cannot_be_asked_is_not_blamed_on_the_container(monkeypatch):
+    from opsctl import remote
+
+    monkeypatch.setattr(remote.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"))
+    with pytest.raises(click.ClickException) as error:
+        remote.run_remote({"host": "docker://dflash-train"}, ["oom"])
+    assert error.value.exit_code == 3
+    assert "cannot ask the local Docker engine about node container dflash-train" in error.value.message
 
 
 @pytest.mark.parametrize("error", [click.ClickException("systemctl restart sglang.service failed: timeout"),

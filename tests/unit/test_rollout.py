@@ -180,7 +180,7 @@ def test_cli_without_ansible_playbook_is_refused_before_anything(fake_playbook, 
     ansible, _, calls = fake_playbook
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
     result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
-    assert result.exit_code == 2 and "ansible-playbook not found" in result.stderr and "opsctl[dev]" in result.stderr
+    assert result.exit_code == 2 and "ansible-playbook not found" in result.stderr and "pip install 'dflash-ops[dev]'" in result.stderr
     assert calls == [] and not (ansible / "inventories" / ".rollout").exists()
 
 

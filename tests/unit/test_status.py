@@ -99,6 +99,20 @@ def dead_engine(monkeypatch, seen=None):
     monkeypatch.setattr(status.journal, "tail", lambda unit, lines, timeout_s=10.0: [])
 
 
+def test_text_from_the_engine_with_square_brackets_is_printed_as_it_is(monkeypatch, node_config):
+    """Probe errors and journal text went through rich markup: "[/rank3]" crashed the report."""
+    from opsctl import engine
+    dead_engine(monkeypatch)
+
+    def look(url, timeout_s, api_key=None):
+        down = engine.Probe(url, False, None, None, "HTTP 503: [/rank3] [rank3]: detokenizer gone")
+        return engine.EngineView(down, down, down, down)
+    monkeypatch.setattr(status, "look", look)
+    result = CliRunner().invoke(cli, ["status"], terminal_width=250)
+    assert result.exit_code == 2, result.output
+    assert "HTTP 503: [/rank3] [rank3]: detokenizer gone" in result.output
+
+
 def test_an_unreadable_api_key_still_reports_a_dead_engine_as_critical(tmp_path, monkeypatch, node_config):
     """The health probes need no key (SGLang lets /health* through): a key file that this user
     cannot read (root-only, a monitoring agent's check) must not hide a dead engine as UNKNOWN."""

@@ -1,0 +1,39 @@
+"""A node config or env file that cannot be read gives each command its own "could not read"
+code, never one that reads as a result (oom's 1 is "found", guard status's 1 "acting")."""
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from opsctl.cli import cli
+
+SEED_OOM = str(Path(__file__).parents[1] / "fixtures" / "oom" / "oom_current.log")
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["oom", "--file", SEED_OOM], 3),
+    (["oom"], 3),
+    (["guard", "status"], 3),
+    (["guard", "status", "--json"], 3),
+    (["overrides", "clear", "--no-restart"], 2),
+])
+def test_a_node_config_that_cannot_be_read(tmp_path, monkeypatch, argv, code):
+    config = tmp_path / "opsctl.yml"
+    config.write_text("env_file: [unclosed\n")
+    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == code, result.output
+    assert str(config) in result.output
+
+
+def test_an_env_file_that_cannot_be_read_is_named_and_not_read_as_found(tmp_path, monkeypatch):
+    env_dir = tmp_path / "sglang.env"
+    env_dir.mkdir()  # (a directory: read_text fails, as a file root alone may read would)
+    config = tmp_path / "opsctl.yml"
+    config.write_text(f"env_file: {env_dir}\noverride_env_file: {tmp_path / 'override.env'}\n"
+                      f"state_dir: {tmp_path / 'state'}\n")
+    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    result = CliRunner().invoke(cli, ["oom"])
+    assert result.exit_code == 3 and f"cannot read {env_dir}" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
