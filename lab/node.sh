@@ -12,7 +12,12 @@ image="${LAB_NODE_IMAGE:-dflash-lab/node:bookworm}"
 case "$action" in
 create)
     if docker container inspect "$name" >/dev/null 2>&1; then
-        echo "[node] $name exists" >&2
+        if [ "$(docker container inspect --format '{{.State.Running}}' "$name")" = true ]; then
+            echo "[node] $name exists" >&2
+        else  # (stopped: a Docker engine restarted since, or a machine rebooted) systemd boots again
+            docker start "$name" >/dev/null
+            echo "[node] $name was stopped: started again" >&2
+        fi
     else
         # Not --privileged (refused here): the capabilities systemd and a nested dockerd need.
         docker run --detach --name "$name" --hostname "$name" \

@@ -18,25 +18,29 @@ command -v rsync >/dev/null || need_pkgs+=(rsync)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     say "apt-get install ${need_pkgs[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+    apt-get -o Acquire::Retries=3 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Retries=3 install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 
 if ! docker info >/dev/null 2>&1; then
     if [ -d /run/systemd/system ]; then
         systemctl start docker
+    elif grep -qsx dockerd /proc/[0-9]*/comm; then  # one still starting (or hung): a second would fight it for its socket
+        say "waiting for the dockerd already running (log: /var/log/dockerd.log)"
     else
         say "starting dockerd (log: /var/log/dockerd.log)"
-        sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
+        sh -c 'nohup dockerd >>/var/log/dockerd.log 2>&1 &'
     fi
     for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
     docker info >/dev/null 2>&1 || { say "the Docker engine did not start: see /var/log/dockerd.log"; exit 1; }
 fi
 
-stamp=.venv/.installed-$(cat pyproject.toml kernels/pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+# (this script's own pins, below, count too)
+stamp=.venv/.installed-$(cat pyproject.toml kernels/pyproject.toml constraints.txt scripts/bootstrap.sh | sha256sum | cut -c1-16)
 if [ ! -e "$stamp" ]; then
     say "creating .venv with the project and its dev tools"
-    [ -x .venv/bin/python ] || python3 -m venv .venv
+    # a venv an interrupted run left without a working pip is made again
+    .venv/bin/python -m pip --version >/dev/null 2>&1 || python3 -m venv --clear .venv
     quiet .venv/bin/pip install -q --upgrade pip
     quiet .venv/bin/pip install -q -c constraints.txt -e '.[dev]'
     # The kernel package and its CPU tests (Triton's interpreter). torch 2.13.0 resolves to the CPU

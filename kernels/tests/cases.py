@@ -17,6 +17,9 @@ import torch
 va = importlib.import_module("dflash_kernels.verify_attention")
 
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek V3 / Kimi K2: 1/sqrt(128 + 64)
+# The seeds of this test's cases, fresh each run; conftest.py prints them beside a failure, so
+# make_case(..., seed=S) gives the failing inputs again.
+SEEDS_USED: list[int] = []
 
 
 def make_case(lens, ts, heads, mask="chain", page_size=1, idx_dtype=torch.int32, device="cuda",
@@ -24,7 +27,9 @@ def make_case(lens, ts, heads, mask="chain", page_size=1, idx_dtype=torch.int32,
     """lens: prefix length per request; ts: draft tokens per request. The pool (of kv_dtype)
     holds the prefixes at scattered slots (page_size 1: a random permutation; page_size P:
     random pages, tokens contiguous inside a page) and random rows elsewhere."""
-    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+    SEEDS_USED.append(seed)
+    gen = torch.Generator().manual_seed(seed)
     n_pages = sum(math.ceil(L / page_size) for L in lens) + pool_extra // page_size + 1
     pool = n_pages * page_size
     kv = torch.randn(pool, va.D_LATENT, generator=gen).to(kv_dtype)

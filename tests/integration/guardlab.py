@@ -78,5 +78,6 @@ def journal_epoch(node: LabNode, needle: str, since_epoch: float) -> float | Non
 
 def node_for_guard(tmp: Path) -> LabNode:
     node = LabNode(NODE_NAME, tmp)
+    node.destroy()  # (one an earlier run left, stopped or half provisioned)
     node.create()
     return node

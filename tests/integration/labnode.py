@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# A first provisioning takes about 2 minutes on a 2-core machine; a hung one must end.
+PROVISION_TIMEOUT_S = 900
 
 
 def docker_available() -> bool:
@@ -35,12 +37,18 @@ class LabNode:
         if not link.exists():
             link.symlink_to(REPO / "ansible" / "inventories" / "lab" / "group_vars")
 
-    def provision(self, *extra: str) -> subprocess.CompletedProcess[str]:
-        """Run ansible/site.yml against this node; returns the finished process (output in stdout)."""
-        return subprocess.run(
-            [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(self.inventory), "site.yml",
-             "-l", self.name, *extra],
-            cwd=REPO / "ansible", capture_output=True, text=True, check=False)
+    def provision(self, *extra: str, timeout: float = PROVISION_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        """Run ansible/site.yml against this node; returns the finished process (output in stdout).
+        A run past `timeout` is stopped and returned as exit 124 with what it printed: a hang must
+        not spend CI's whole budget with nothing to show."""
+        argv = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(self.inventory), "site.yml",
+                "-l", self.name, *extra]
+        try:
+            return subprocess.run(argv, cwd=REPO / "ansible", capture_output=True, text=True, check=False,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as hung:
+            printed = hung.stdout.decode(errors="replace") if isinstance(hung.stdout, bytes) else hung.stdout or ""
+            return subprocess.CompletedProcess(argv, 124, printed + f"\n[ansible-playbook stopped after {timeout:.0f} s]", "")
 
     def destroy(self) -> None:
         subprocess.run([str(REPO / "lab" / "node.sh"), "destroy", self.name], check=False)

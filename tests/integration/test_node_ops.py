@@ -225,6 +225,7 @@ def test_a_check_run_on_a_node_never_provisioned_says_what_it_would_do(tmp_path)
     node with what a real run would do, instead of failing at the first task that asks the
     engine (before: "Could not find the requested service docker")."""
     fresh = LabNode("dflash-chk", tmp_path)
+    fresh.destroy()  # (one an earlier run left would not be fresh)
     fresh.create()
     try:
         check = fresh.provision("--check", "--diff")

@@ -63,9 +63,10 @@ def test_waits_out_the_budget_while_the_main_process_lives():
     result = wait_healthy(2, os.getpid(), timeout=30)
     assert result.returncode == 1
     assert time.monotonic() - started >= 2.0  # it gave up only once the budget was spent
-    # The script counts whole seconds (date +%s) and sleeps 1 s per try, so the elapsed time it
-    # reports is 2 or, when a try straddles a second, 3.
-    assert re.search(r"not healthy after [23] s \(last answer: 000\); giving up", result.stderr), result.stderr
+    # The script counts whole seconds (date +%s), so it gives up once more than the budget's whole
+    # seconds have passed: it reports 3 s or more (a busy machine's tries take longer), never 2.
+    reported = re.search(r"not healthy after (\d+) s \(last answer: 000\); giving up", result.stderr)
+    assert reported and int(reported.group(1)) > 2, result.stderr
 
 
 def test_without_mainpid_only_the_budget_applies():
