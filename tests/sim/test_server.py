@@ -184,6 +184,21 @@ def test_fixed_config_survives_185k(start_sim):
         assert c.get("/health").status_code == 200
 
 
+def test_a_client_that_goes_away_mid_stream_aborts_its_request(start_sim):
+    """An interrupted `opsctl bench` (Ctrl-C during a stream) left its request running for good:
+    /health answered 503 ("couldn't get a response from detokenizer") until a restart."""
+    sim = start_sim(FIXED, env={**EXPANDABLE, "SGLANG_SIM_TIME_FACTOR": "0.02", "SGLANG_SIM_LOAD_SECONDS": "0"})
+    body = {"text": words(2000, "g"), "sampling_params": {"max_new_tokens": 5000}, "stream": True}
+    with httpx.Client(base_url=sim.url, timeout=30) as client:
+        with client.stream("POST", "/generate", json=body) as stream:
+            next(stream.iter_bytes())  # the first token, then the client goes away
+    with sim.client() as c:
+        wait_for(lambda: c.get("/health", timeout=5).status_code == 200, timeout=10, what="a healthy engine")
+        r = c.post("/generate", json={"text": "hello again", "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200
+    assert "Health check failed" not in sim.output()
+
+
 def test_health_generate_is_answered_during_a_long_prefill(start_sim):
     """SGLang's scheduler does not run a health check while it prefills: it answers it when the
     current chunk ends. So a prefill far longer than the health check's timeout is healthy,

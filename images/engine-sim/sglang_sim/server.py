@@ -41,17 +41,22 @@ def _event_stream() -> web.StreamResponse:
 
 async def _stream_outputs(request, resp: web.StreamResponse, first, gen, payload) -> web.StreamResponse:
     """SGLang's SSE framing, shared by /generate and /v1/completions: one event per engine output
-    (``payload(out)`` builds it; the last output has done set), then ``data: [DONE]``."""
-    await resp.prepare(request)
-    out = first
-    while True:
-        await resp.write(_event(payload(out)))
-        if out[2]:  # (text, meta, done)
-            break
-        out = await gen.__anext__()
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp
+    (``payload(out)`` builds it; the last output has done set), then ``data: [DONE]``.
+    A client that goes away mid-stream aborts its request, as SGLang does: the request leaves
+    the running set and gives its slot back (left open, it wedged the engine's health check)."""
+    try:
+        await resp.prepare(request)
+        out = first
+        while True:
+            await resp.write(_event(payload(out)))
+            if out[2]:  # (text, meta, done)
+                break
+            out = await gen.__anext__()
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+    finally:
+        await gen.aclose()
 
 
 def _openai_error(exc: Exception) -> web.Response:
