@@ -85,11 +85,17 @@ def _jit_kernels(arch: int) -> list:
 
 
 @contextlib.contextmanager
-def _compilations() -> Iterator[list[tuple[str, bool]]]:
-    """Within: every Triton compile request is recorded as (kernel, found in the cache)."""
+def compilations() -> Iterator[list[tuple[str, bool]]]:
+    """Within: every Triton compile request is recorded as (kernel, found in the cache); a
+    listener already in place still hears them."""
     events: list[tuple[str, bool]] = []
     previous = knobs.compilation.listener
-    knobs.compilation.listener = lambda **kw: events.append((kw["src"].name, bool(kw["cache_hit"])))
+
+    def listen(**kw):
+        events.append((kw["src"].name, bool(kw["cache_hit"])))
+        if previous is not None:
+            previous(**kw)
+    knobs.compilation.listener = listen
     try:
         yield events
     finally:
@@ -110,7 +116,7 @@ def compile_only(arch: int) -> Iterator[list[tuple[str, bool]]]:
     driver.set_active(CompileOnlyDriver(arch))
     va._CPU_TENSORS_OK = True
     try:
-        with _compilations() as events:
+        with compilations() as events:
             yield events
     finally:
         driver.set_active(previous_driver)
@@ -195,7 +201,7 @@ def gpu_cache_misses(heads=(8, 16)) -> tuple[int, list[str]]:
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor
     misses = []
-    with _compilations() as events:
+    with compilations() as events:
         for case in check_cases(heads, kv_dtypes=_pool_dtypes(arch)):
             start = len(events)
             launch_like_sglang(arch, *case, device="cuda")

@@ -64,13 +64,17 @@ class SelfCheck:
     worst_row_err: float  # largest per-row relative error (nan when the run failed)
     seconds: float
     detail: str = ""  # why it failed
+    compiled: int = 0  # kernels Triton compiled for the check, none of them in its cache
 
     def line(self) -> str:
         verdict = "passed" if self.passed else "FAILED"
         text = (f"verify kernel self-check {verdict} on {self.device}: {self.kernel}, {self.heads} heads, "
                 f"{self.kv_dtype} pool, worst row error {self.worst_row_err:.1e} (bound {ROW_TOL:.0e}), "
                 f"{self.seconds:.2f} s")
-        return f"{text}; {self.detail}" if self.detail else text
+        notes = [self.detail] if self.detail else []
+        if self.compiled:  # (the image's prebuilt binaries did not serve: another card or Triton)
+            notes.append(f"{self.compiled} kernel(s) compiled at first use, not prebuilt for this card and Triton")
+        return "; ".join([text, *notes])
 
 
 def random_case(prefixes, draft_len: int, heads: int, kv_dtype, device, gen: torch.Generator):
@@ -204,22 +208,25 @@ def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefix
     """Run the plugin's launch on `device` and compare each output row with the reference. Never
     raises and never waits longer than check_timeout_s: the result says what went wrong. `serve`
     stands in for the plugin's launch in tests (default: a fresh MlaVerify's)."""
+    from .prebuilt import compilations
     from .sglang_plugin import MlaVerify
     device = resolve_device(device)
     dtype_name = next((k for k, v in KV_DTYPES.items() if v == kv_dtype), str(kv_dtype))
     gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
     start = time.perf_counter()
-    result = {"worst": float("nan"), "kernel": "?", "detail": "", "hung": False}
+    result = {"worst": float("nan"), "kernel": "?", "detail": "", "hung": False, "compiled": 0}
     abandoned = threading.Event()
 
     def body():
         try:
             # Triton launches on the current device: make it this one (--all-devices, and a thread
             # starts on device 0)
-            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            with (torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(),
+                  compilations() as compiles):
                 result["worst"], result["kernel"], result["detail"] = _check(
                     device, heads, kv_dtype, draft_len, prefixes, wide, gen, serve or MlaVerify()._run, timeout_s,
                     abandoned)
+            result["compiled"] = sum(1 for _name, cache_hit in compiles if not cache_hit)
         except Abandoned:
             return  # (the verdict is already the timeout's)
         except Exception as error:  # noqa: BLE001 - any failure is a verdict, not a crash of the server
@@ -243,7 +250,7 @@ def run(device, heads: int, kv_dtype=torch.bfloat16, draft_len: int = 16, prefix
                             f"blocks on this card), so this start will hang: restart the engine with {ENV}=0")
     return SelfCheck(passed=not result["detail"], device=_device_name(device), kernel=result["kernel"], heads=heads,
                      kv_dtype=dtype_name, worst_row_err=result["worst"], seconds=time.perf_counter() - start,
-                     detail=result["detail"])
+                     detail=result["detail"], compiled=result["compiled"])
 
 
 def main(argv=None) -> int:

@@ -78,6 +78,30 @@ def test_a_correct_kernel_passes(monkeypatch, kv_dtype):
     assert "passed" in r.line() and r.kernel == "_verify_split_kernel"
 
 
+def test_kernels_compiled_for_the_check_are_said_in_its_line(monkeypatch):
+    """The image's prebuilt binaries serve only their card and Triton: on another (an sm_121
+    card, a Triton upgraded in the image) Triton compiles at first use, safely but slowly, and
+    the journal said nothing of it. A listener already in place still hears every compile."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+    heard = []
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: heard.append(kw["src"].name))
+    kernel = _torch_kernel()
+
+    def compiling_kernel(*args, **kw):
+        for name, hit in (("_verify_split_kernel", False), ("_verify_merge_kernel", False), ("_plan", True)):
+            knobs.compilation.listener(src=SimpleNamespace(name=name), cache_hit=hit)
+        return kernel(*args, **kw)
+    monkeypatch.setattr(va, "verify_attention", compiling_kernel)
+    r = selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL)
+    assert r.passed and r.compiled > 0 and r.compiled % 2 == 0, r.line()
+    assert r.line().endswith(f"; {r.compiled} kernel(s) compiled at first use, not prebuilt for this card and Triton")
+    assert heard.count("_plan") == r.compiled // 2  # (one hit per call, each call compiled two)
+    monkeypatch.setattr(va, "verify_attention", kernel)
+    assert "compiled" not in selfcheck.run("cpu", 8, draft_len=16, prefixes=SMALL).line()
+
+
 @pytest.mark.parametrize("kernel, kv_dtype, detail", [
     (_torch_kernel(_row_off_by_5_percent), torch.bfloat16, "rows differ"),
     (_torch_kernel(_row_unwritten), torch.bfloat16, "unwritten"),

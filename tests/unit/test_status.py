@@ -259,6 +259,21 @@ def test_a_verify_kernel_that_passed_everywhere_is_ok(tmp_path, monkeypatch, nod
     assert report["verify_kernel"] == {"switched_on": False, "checks": [], "problem": None}
 
 
+def test_a_passed_check_that_compiled_its_kernels_still_serves_and_says_so(tmp_path, monkeypatch, node_config):
+    """The image's prebuilt binaries did not serve this card or Triton: the kernel was compiled at
+    the start (slower), and serves."""
+    from dflash_kernels import selfcheck
+    line = selfcheck.SelfCheck(True, "NVIDIA RTX PRO 6000 Blackwell Server Edition (sm_121)", "_verify_split_kernel_teams",
+                               8, "bf16", 2.6e-3, 41.0, compiled=3).line()
+    _serving_node(monkeypatch, node_config, tmp_path, [
+        f"2026-12-02T07:00:00+0000 dflash-train sglang[7130]: [2026-12-02 07:00:00 TP0] dflash_kernels.sglang_plugin: "
+        f"{line}; it serves target-verify"])
+    report = status.collect(1.0)
+    (check,) = report["verify_kernel"]["checks"]
+    assert report["level"] == "OK" and check["passed"]
+    assert check["detail"] == "3 kernel(s) compiled at first use, not prebuilt for this card and Triton"
+
+
 def test_a_gpu_process_counts_once_and_a_check_that_could_not_start_counts_as_failed(tmp_path, monkeypatch,
                                                                                       node_config):
     """A process checks once for each model it builds a backend for: TP0's two lines are one GPU,
