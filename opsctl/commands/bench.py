@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urlparse
 
 import click
 from rich.console import Console
@@ -100,9 +101,18 @@ def server_options(f):
         default="http://127.0.0.1:30000",
         show_default=True,
         show_envvar=True,
+        callback=_http_url,
         help="Base URL of the SGLang server.",
     )(f)
     return f
+
+
+def _http_url(_ctx, _param, value: str) -> str:
+    """A usage error (2) for a URL that cannot be the server's, before a results file is made."""
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise click.BadParameter(f"{value!r} is not an http(s) URL: give the server's, e.g. http://127.0.0.1:30000")
+    return value
 
 
 def floor_options(f):

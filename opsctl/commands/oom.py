@@ -158,7 +158,7 @@ def oom(
     """
     if file_ is not None and since is not None:
         raise click.UsageError("--since applies to the journal only; filter the file yourself or drop --file")
-    if chunk is not None and chunk == 0:
+    if chunk is not None and (chunk == 0 or chunk < -1):
         raise click.BadParameter(
             "use a positive chunk size, or -1 for chunking disabled", param_hint="--chunked-prefill-size"
         )

@@ -375,6 +375,10 @@ def test_cli_usage_errors_exit_2(tmp_path):
     bad.write_text("{}")
     r = CliRunner().invoke(bench_cmd.bench, ["compare", str(bad), str(bad)])
     assert r.exit_code == 2 and "is not an opsctl bench sweep file" in r.stderr
+    # (it exited 1, "stopped early", and left an empty results file with a --resume hint)
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(bench_cmd.bench, ["run", "--url", "nonsense", "--out", str(out)])
+    assert r.exit_code == 2 and "'nonsense' is not an http(s) URL" in r.stderr and not out.exists()
 
 
 def test_cli_unreachable_server_stops_with_exit_1(tmp_path):

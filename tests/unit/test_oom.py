@@ -268,6 +268,8 @@ def test_cli_usage_errors():
     assert both.exit_code == 2 and "--since applies to the journal only" in both.output
     fraction = runner.invoke(oom_command, ["--file", "-", "--mem-fraction-static", "1.5"], input="")
     assert fraction.exit_code == 2
+    chunk = runner.invoke(oom_command, ["--file", "-", "--chunked-prefill-size", "-7"], input="")
+    assert chunk.exit_code == 2 and "use a positive chunk size, or -1" in chunk.output
 
 
 def test_cli_journal_failure(monkeypatch):
