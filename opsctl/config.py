@@ -72,6 +72,9 @@ def load_config(path: Path | None = None) -> NodeConfig:
             raise click.ClickException(
                 f"{path} is not valid YAML ({error}); re-run the playbook to rewrite it"
             ) from None
+        except (OSError, UnicodeDecodeError) as error:  # (every command reports it with its own code)
+            hint = " (root's file: sudo opsctl ...)" if isinstance(error, PermissionError) else ""
+            raise click.ClickException(f"cannot read {path}: {getattr(error, 'strerror', None) or error}{hint}") from None
     known = {field.name for field in dataclasses.fields(NodeConfig)}
     unknown = sorted(set(values) - known)
     if unknown:

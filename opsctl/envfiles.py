@@ -45,8 +45,8 @@ def read_env(path: Path) -> dict[str, str]:
     that names it (every command reports it with its own "could not read" code)."""
     try:
         return parse_env_file(path.read_text()) if path.exists() else {}
-    except OSError as error:
-        raise click.ClickException(f"cannot read {path}: {error.strerror or error}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise click.ClickException(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
 
 
 def _expandable(alloc_conf: str | None) -> str | None:

@@ -249,6 +249,21 @@ def judge_plan(config: NodeConfig, target: TunedValues, inputs: planner.PlanInpu
     return PlanVerdict(tokens, margin, tuple(problems))
 
 
+def _takes_headroom(before: TunedValues, after: TunedValues) -> bool:
+    """Whether a change can make the prefill spike outgrow its headroom: a higher fraction, a
+    larger chunk (or none: -1), expandable segments off. A value newly set counts as a rise (the
+    engine's default was in force). Lowering any of them only gives headroom back."""
+    def rises(old, new, *, unbounded=None) -> bool:
+        if new is None or new == old:
+            return False
+        if old is None or new == unbounded:
+            return True
+        return old != unbounded and new > old
+    return (rises(before.mem_fraction_static, after.mem_fraction_static)
+            or rises(before.chunked_prefill_size, after.chunked_prefill_size, unbounded=-1)
+            or (before.expandable_segments is not False and after.expandable_segments is False))
+
+
 def check_plan(config: NodeConfig, before: TunedValues, after: TunedValues,
                inputs: planner.PlanInputs | None) -> tuple[list[str], list[str]]:
     """(refusals, warnings) for a change from `before` to `after`.
@@ -370,7 +385,7 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
         before, after = current.merged_over(ansible), overrides.merged_over(ansible)
         if not force:
             inputs = node_plan_inputs(config, journal_lines())
-            if inputs is None and after != before:
+            if inputs is None and _takes_headroom(before, after):
                 # Unchecked is not safe: the seed's 0.94 crashed on its first long prefill.
                 raise click.ClickException(
                     f"the planner cannot check this change: no engine start in {config.unit}'s journal "

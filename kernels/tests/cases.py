@@ -174,7 +174,10 @@ def run_interpreted(script: str, *args: str) -> str:
 
 def interpreted_json(script: str, spec):
     """What tests/<script> prints last, as JSON, when run by the interpreter on spec (as JSON)."""
-    return json.loads(run_interpreted(script, json.dumps(spec)).strip().splitlines()[-1])
+    result = json.loads(run_interpreted(script, json.dumps(spec)).strip().splitlines()[-1])
+    if isinstance(result, dict):  # the cases the script made, for conftest's report of a failure
+        SEEDS_USED.extend(result.pop("seeds", []))
+    return result
 
 
 def rel_err(a, b):

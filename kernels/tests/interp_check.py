@@ -25,7 +25,7 @@ import importlib  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from cases import SM_SCALE, load_peer, make_case, rel_err, run_peer  # noqa: E402
+from cases import SEEDS_USED, SM_SCALE, load_peer, make_case, rel_err, run_peer  # noqa: E402
 
 va = importlib.import_module("dflash_kernels.verify_attention")
 
@@ -100,4 +100,5 @@ if spec.get("peer"):
     theirs = run_peer(load_peer(), case, torch.full_like(out, float("nan")), **scales)
     result.update(peer_nan=bool(torch.isnan(theirs).any()), peer_rel_err=rel_err(theirs, ref_o),
                   ours_vs_peer=rel_err(out, theirs))
+result["seeds"] = SEEDS_USED  # (the test's process reports them beside a failure)
 print(json.dumps(result))

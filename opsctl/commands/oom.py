@@ -153,8 +153,8 @@ def oom(
     log holds an engine start that logged its pool size, each advice is checked by the memory
     planner: its KV pool in tokens against the node's context target, and whether the spike fits.
 
-    Exit status: 0 none found, 1 incidents found, 2 usage error, 3 the journal or the node's env
-    files could not be read.
+    Exit status: 0 none found, 1 incidents found, 2 usage error, 3 the journal, the node's config
+    or its env files could not be read, or the journal holds no line of the unit (without --since).
     """
     if file_ is not None and since is not None:
         raise click.UsageError("--since applies to the journal only; filter the file yourself or drop --file")

@@ -138,7 +138,7 @@ def plan(
     Prints, per fraction, SGLang's KV pool size, its share of the target, the headroom
     left for activations, and each chunk's prefill spike and whether it fits; then the
     recommended fraction, chunk and expandable_segments. Without --calibrate-log it
-    needs --gpu-mem-gib and --weights-gib.
+    needs --gpu-mem-gib, --weights-gib and --tp.
     """
     shape = _shape(model, config_path, kv_dtype, no_draft)
     try:
@@ -170,9 +170,11 @@ def plan(
             "check --weights-gib (per GPU) and --tp",
             param_hint="--weights-gib",
         )
+    lowest = planner.lowest_fraction_for(context_target, inputs)
+    if lowest is not None and min(fraction_list) <= lowest <= max(fraction_list) and lowest not in fraction_list:
+        fraction_list = sorted([*fraction_list, lowest])  # (a row for it: the recommendation may be it)
     rows = planner.plan_table(inputs, fraction_list, chunk_list, context_target)
     best = planner.recommend(context_target, inputs, fraction_list, chunk_list)
-    lowest = planner.lowest_fraction_for(context_target, inputs)
     if json_:
         print_json(
             {

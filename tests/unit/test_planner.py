@@ -6,6 +6,7 @@ import ast
 import json
 import math
 import os
+import re
 import types
 import zipfile
 from pathlib import Path
@@ -265,6 +266,7 @@ def test_cli_seed_node_table():
     assert "195,011" in result.output and "208,782" in result.output
     assert "Recommended: --mem-fraction-static 0.934 --chunked-prefill-size 8192" in result.output.replace("\n", " ")
     assert "safe: spike + 0.5 GiB margin <= headroom" in result.output
+    assert re.search(r"│\s+0\.934 │\s+200,519 │", result.output)  # the recommended fraction has its row
 
 
 def test_the_target_is_the_nodes_own(tmp_path, monkeypatch):

@@ -143,8 +143,8 @@ def test_an_interrupted_restart_restores_the_override_file(node, monkeypatch, st
 
 def test_a_value_that_is_not_a_number_is_named_with_its_file(node):
     (node / "override.env").write_text("SGLANG_MEM_FRACTION_STATIC=0,94\n")
-    result = CliRunner().invoke(cli, ["overrides", "--json"])
-    assert result.exit_code == 1 and "SGLANG_MEM_FRACTION_STATIC='0,94' is not a number" in result.output
+    result = CliRunner().invoke(cli, ["overrides", "--json"])  # (2 as for restart: 1 is "rolled back")
+    assert result.exit_code == 2 and "SGLANG_MEM_FRACTION_STATIC='0,94' is not a number" in result.output
     assert str(node / "override.env") in result.output
     result = CliRunner().invoke(cli, ["restart", "--chunked-prefill-size", "2048"])
     assert result.exit_code == 2 and "overrides clear --no-restart" in result.output
@@ -358,7 +358,12 @@ def test_the_planner_refuses_only_a_change_that_makes_its_problem_worse(node, mo
     ([], False),                                          # a plain restart changes no value
     (["--fraction", "0.99"], True),                       # unchecked: would have gone through silently
     (["--chunked-prefill-size", "16384"], True),
+    (["--chunked-prefill-size", "-1"], True),             # no chunking: the whole prompt at once
+    (["--no-expandable-segments"], True),
     (["--fraction", "0.99", "--force"], False),
+    (["--fraction", "0.92"], False),                      # what oom advises after a crash: less
+    (["--chunked-prefill-size", "2048"], False),          # headroom taken, never refused
+    (["--expandable-segments"], False),
 ])
 def test_a_change_the_planner_cannot_check_needs_force(node, monkeypatch, args, refused):
     """No engine start in the journal (a new node, a rotated journal): the planner had no inputs

@@ -272,6 +272,8 @@ def test_a_passed_check_that_compiled_its_kernels_still_serves_and_says_so(tmp_p
     (check,) = report["verify_kernel"]["checks"]
     assert report["level"] == "OK" and check["passed"]
     assert check["detail"] == "3 kernel(s) compiled at first use, not prebuilt for this card and Triton"
+    human = CliRunner().invoke(cli, ["status"], terminal_width=250)
+    assert "self-check passed; 3 kernel(s) compiled at first use" in " ".join(human.output.split()), human.output
 
 
 def test_a_gpu_process_counts_once_and_a_check_that_could_not_start_counts_as_failed(tmp_path, monkeypatch,
