@@ -117,7 +117,7 @@ def _summary_table(incidents: list[oom_lib.Incident]) -> Table:
 
 @click.command("oom")
 @click.option("--file", "file_", metavar="PATH", help="Read a saved log instead of the journal; - reads stdin.")
-@click.option("--unit", envvar="OPSCTL_UNIT", help="systemd unit to read [default: the node's engine unit, from its config].")
+@click.option("--unit", envvar="OPSCTL_UNIT", show_envvar=True, help="systemd unit to read [default: the node's engine unit, from its config].")
 @click.option("--since", metavar="WHEN", help="journalctl --since (e.g. '2 hours ago', '2026-05-31 10:00').")
 @click.option(
     "--mem-fraction-static",

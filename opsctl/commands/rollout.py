@@ -121,13 +121,13 @@ def _interrupted(process: subprocess.Popen, name: str, run_dir: Path, stop: Base
 @click.option("--expandable-segments/--no-expandable-segments", default=None,
               help="Set or unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
 @click.option("--image", help="New engine image (repository:tag), already present on the nodes.")
-@click.option("-i", "--inventory", type=click.Path(exists=True, path_type=Path), envvar="OPSCTL_INVENTORY",
+@click.option("-i", "--inventory", type=click.Path(exists=True, path_type=Path), envvar="OPSCTL_INVENTORY", show_envvar=True,
               help="Ansible inventory [default: the production inventory].")
 @click.option("-l", "--limit", default="dflash", show_default=True, help="Nodes (an Ansible host pattern).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Nodes changed at a time (with no spare GPUs, each is capacity out).")
 @click.option("--name", help="Name of the rollout (its records) [default: derived from the change].")
-@click.option("--state", "state_dir", type=click.Path(file_okay=False, path_type=Path), envvar="OPSCTL_ROLLOUT_STATE",
+@click.option("--state", "state_dir", type=click.Path(file_okay=False, path_type=Path), envvar="OPSCTL_ROLLOUT_STATE", show_envvar=True,
               help="Folder of rollout records [default: .rollout/<inventory> next to the inventory].")
 @click.option("--check", is_flag=True, help="Change nothing: show what would change on each node (diffs).")
 @click.option("--resume", is_flag=True, help="Skip the nodes an earlier run of this rollout finished.")
