@@ -5,10 +5,23 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 # The rollout scenario, the longest, takes about 6 minutes on a 2-core machine.
 MOLECULE_TIMEOUT_S = 1500
+
+
+def _named_volumes(scenario: str) -> list[str]:
+    """The named Docker volumes a scenario's platforms mount (not host paths)."""
+    config = yaml.safe_load((REPO / "molecule" / scenario / "molecule.yml").read_text())
+    names = [volume.split(":", 1)[0] for platform in config["platforms"] for volume in platform.get("volumes", [])]
+    return [name for name in names if "/" not in name and "$" not in name]
+
+
+def _remove_volumes(scenario: str) -> None:
+    for name in _named_volumes(scenario):
+        subprocess.run(["docker", "volume", "rm", "--force", name], capture_output=True, check=False, timeout=120)
 
 
 @pytest.fixture
@@ -18,6 +31,11 @@ def molecule():
     def run(scenario: str) -> str:
         bin_dir = Path(sys.executable).parent
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        # molecule's destroy keeps named volumes: a node's /var/lib/docker from an earlier run
+        # would hold last run's images, and its first provisioning would go untested.
+        subprocess.run([str(bin_dir / "molecule"), "destroy", "-s", scenario], cwd=REPO, env=env,
+                       capture_output=True, check=False, timeout=300)
+        _remove_volumes(scenario)
         try:
             result = subprocess.run([str(bin_dir / "molecule"), "test", "-s", scenario], cwd=REPO, env=env,
                                     capture_output=True, text=True, check=False, timeout=MOLECULE_TIMEOUT_S)
@@ -27,6 +45,7 @@ def molecule():
                                                  f"{MOLECULE_TIMEOUT_S} s]", "")
             subprocess.run([str(bin_dir / "molecule"), "destroy", "-s", scenario], cwd=REPO, env=env,
                            capture_output=True, check=False, timeout=300)
+        _remove_volumes(scenario)
         output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)  # molecule colours its log
         # On failure show the first failed task too, not only the clean-up that follows it.
         first_failure = output.find("fatal: [")
