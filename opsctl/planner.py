@@ -339,15 +339,11 @@ def recommend(
     recommended: they cost nothing and give fragmented blocks back. When no fraction holds
     the target, the safe fraction holding the most tokens is returned with meets_target False.
     """
-    fractions = list(fractions) if fractions is not None else fraction_range("0.80:0.98:0.01")
-    # The grid's steps can straddle the lowest fraction that holds the target (0.934 between
-    # 0.93 and 0.94 on the seed's node): try it too, within the grid's range.
-    lowest = lowest_fraction_for(context_target, inputs)
-    if lowest is not None and min(fractions) <= lowest <= max(fractions):
-        fractions.append(lowest)
+    fractions = with_lowest_fraction(fractions if fractions is not None else fraction_range("0.80:0.98:0.01"),
+                                     context_target, inputs)
     best: tuple[float, int] | None = None
     fallback: tuple[float, int] | None = None
-    for fraction in sorted(set(fractions)):
+    for fraction in fractions:
         safe_chunks = [chunk for chunk in sorted(chunks) if is_safe(fraction, chunk, inputs, expandable=True)]
         if not safe_chunks:
             continue
@@ -378,6 +374,16 @@ def recommend(
     return PlanRecommendation(
         fraction, chunk, True, tokens, context_target, best is not None, headroom, spike, reason
     )
+
+
+def with_lowest_fraction(fractions: Iterable[float], context_target: int, inputs: PlanInputs) -> list[float]:
+    """The fractions, sorted, with the lowest one that holds the target where it falls in their
+    range: a grid's steps can straddle it (0.934 between 0.93 and 0.94 on the seed's node)."""
+    grid = sorted(set(fractions))
+    lowest = lowest_fraction_for(context_target, inputs)
+    if lowest is not None and grid and grid[0] <= lowest <= grid[-1] and lowest not in grid:
+        grid = sorted([*grid, lowest])
+    return grid
 
 
 def lowest_fraction_for(context_target: int, inputs: PlanInputs) -> float | None:

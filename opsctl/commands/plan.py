@@ -170,11 +170,10 @@ def plan(
             "check --weights-gib (per GPU) and --tp",
             param_hint="--weights-gib",
         )
-    lowest = planner.lowest_fraction_for(context_target, inputs)
-    if lowest is not None and min(fraction_list) <= lowest <= max(fraction_list) and lowest not in fraction_list:
-        fraction_list = sorted([*fraction_list, lowest])  # (a row for it: the recommendation may be it)
+    fraction_list = planner.with_lowest_fraction(fraction_list, context_target, inputs)  # (the recommendation's row)
     rows = planner.plan_table(inputs, fraction_list, chunk_list, context_target)
     best = planner.recommend(context_target, inputs, fraction_list, chunk_list)
+    lowest = planner.lowest_fraction_for(context_target, inputs)
     if json_:
         print_json(
             {

@@ -75,6 +75,17 @@ def _hangups_go_on() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _refused_on_error() -> Iterator[None]:
+    """A ClickException in the block (a config that cannot be read, the lock held) changed
+    nothing: exit 2, refused, never 1, which reads as "rolled back"."""
+    try:
+        yield
+    except click.ClickException as error:
+        error.exit_code = EXIT_REFUSED
+        raise
+
+
 def _journal_lines() -> list[str]:
     try:
         return list(read_journal(load_config().unit, last=PLANNER_JOURNAL_LINES,
@@ -110,11 +121,8 @@ def _outcome_json(outcome: RestartOutcome) -> dict:
 
 def run_restart(requested: TunedValues, reason: str, force: bool, budget_s: float | None, wait_lock_s: float,
                 json_: bool, replace: bool = False) -> None:
-    try:
+    with _refused_on_error():
         config = load_config()
-    except click.ClickException as error:  # nothing was changed
-        error.exit_code = EXIT_REFUSED
-        raise
     validate(requested)  # (before the line below: a refused value is no restart attempt)
     budget = budget_s or config.start_timeout_s
     progress = _Progress(usual_start_seconds(config))
@@ -192,13 +200,10 @@ def overrides(ctx: click.Context, json_: bool) -> None:
     """Show opsctl's overrides of the Ansible values (`overrides clear` removes them)."""
     if ctx.invoked_subcommand:
         return
-    try:
+    with _refused_on_error():
         config = load_config()
         effective = effective_config(config.env_file, config.override_env_file)
         overridden = values_in_file(config.override_env_file)
-    except click.ClickException as error:  # could not look: 2, as for restart (1 is "rolled back")
-        error.exit_code = EXIT_REFUSED
-        raise
     if json_:
         print_json({"file": str(config.override_env_file), "overrides": overridden,
                     "effective": {s.name: s for s in effective.settings()}})
@@ -220,7 +225,7 @@ def overrides_clear(no_restart, reason, budget_s, wait_lock_s, json_) -> None:
         from opsctl.overrides import render_overrides, write_override_text
         from opsctl.state import actor, append_record
 
-        try:
+        with _refused_on_error():
             config = load_config()
             with engine_lock(config.state_dir, f"{actor()}: overrides clear", wait_lock_s):
                 write_override_text(config.override_env_file,
@@ -228,9 +233,6 @@ def overrides_clear(no_restart, reason, budget_s, wait_lock_s, json_) -> None:
                 append_record(config.state_dir / "history.jsonl",
                               {"event": "overrides-clear", "outcome": "written", "actor": actor(),
                                "reason": reason, "time_written": time.time()})
-        except click.ClickException as error:  # a broken config, another change holding the lock: refused, as for restart
-            error.exit_code = EXIT_REFUSED
-            raise
         err_console.print("overrides cleared; restart the engine to apply")
         return
     run_restart(TunedValues(), reason, True, budget_s, wait_lock_s, json_, replace=True)
