@@ -75,7 +75,15 @@ VARIANTS = {
     # launched as the split kernel's dependent (1), the split letting it launch once all its
     # programs run (2), the split launched as its predecessor's dependent too (3)
     **{f"sm90-pdl{level}": dataclasses.replace(va.CONFIGS["sm90"], pdl=level) for level in (1, 2, 3)},
-    **{f"sm120-pdl{level}": dataclasses.replace(va.CONFIGS["sm120"], pdl=level) for level in (1, 3)},
+    **{f"sm120-pdl{level}": dataclasses.replace(va.CONFIGS["sm120"], pdl=level) for level in (1, 2, 3)},
+    # session 38: level 1 with the merge released late in each split program, by its loader once
+    # its last tile's copies are issued (rl) or by its S group after its last softmax (rs)
+    "sm90-pdl1-rl": dataclasses.replace(va.CONFIGS["sm90"], pdl=1, pdl_release=1),
+    "sm90-pdl1-rs": dataclasses.replace(va.CONFIGS["sm90"], pdl=1, pdl_release=2),
+    # session 38: sm_90's config with another merge tile at every point (columns x partials a
+    # step, stages), for t = 64 below 32k (17 partials a row at 8k: the row tile's 3 steps of 8)
+    **{f"sm90-mt{d}x{c}s{st}": dataclasses.replace(va.CONFIGS["sm90"], merge_tile=(d, c, st))
+       for d, c, st in ((512, 8, 4), (512, 16, 2), (512, 32, 1), (256, 32, 1), (128, 32, 1), (256, 16, 2))},
     # session 9: sm_120's Triton-language kernel and configs that also build for sm_120a within its
     # 99 KB a block and without spills. Run with DISABLE_MMA_V3=1 (Triton's switch), sm_90 compiles
     # them to mma.sync (HMMA) with the shared memory and registers of the sm_120a build, so the
