@@ -76,10 +76,8 @@ VARIANTS = {
     # programs run (2), the split launched as its predecessor's dependent too (3)
     **{f"sm90-pdl{level}": dataclasses.replace(va.CONFIGS["sm90"], pdl=level) for level in (1, 2, 3)},
     **{f"sm120-pdl{level}": dataclasses.replace(va.CONFIGS["sm120"], pdl=level) for level in (1, 2, 3)},
-    # session 38: level 1 with the merge released late in each split program, by its loader once
-    # its last tile's copies are issued (rl) or by its S group after its last softmax (rs)
-    "sm90-pdl1-rl": dataclasses.replace(va.CONFIGS["sm90"], pdl=1, pdl_release=1),
-    "sm90-pdl1-rs": dataclasses.replace(va.CONFIGS["sm90"], pdl=1, pdl_release=2),
+    # (session 38's level 1 with the merge released late in each split program, by its loader or
+    # its S group, lost as level 2 does at t = 64 and on batches: commit a36a756, RESULTS.md)
     # session 38: sm_90's config with another merge tile at every point (columns x partials a
     # step, stages), for t = 64 below 32k (17 partials a row at 8k: the row tile's 3 steps of 8)
     **{f"sm90-mt{d}x{c}s{st}": dataclasses.replace(va.CONFIGS["sm90"], merge_tile=(d, c, st))

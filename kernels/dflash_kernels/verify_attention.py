@@ -173,14 +173,6 @@ def _grid_dependency(PDL: tl.constexpr):
 
 
 @triton.jit
-def _release_dependents():
-    """Let the kernel launched as this one's dependent start once every program has come here or
-    ended (VerifyConfig.pdl_release: a partition calls it late in its program; the first call of a
-    program counts, from any of its threads)."""
-    gdc_launch_dependents()
-
-
-@triton.jit
 def _program_slice(pid_s, PLAN, KV_INDPTR, QO_INDPTR, NUM_SPLITS, BATCH, rows_max, NUM_HEADS: tl.constexpr,
                    MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     """(request b, first and end latent row, is_draft, the request's first query token, its draft
@@ -540,13 +532,6 @@ class VerifyConfig:
     # have left); 3, and the split kernel is launched as the dependent of the kernel before it,
     # and waits for it before its first load
     pdl: int = 0
-    # with pdl 1 and sm_90's warp-specialised kernel: where a split program lets the merge launch
-    # before it ends (0: nowhere, the merge launches when the split kernel ends; 1: its loader,
-    # once it has issued its last tile's copies; 2: its S group, after its last tile's softmax).
-    # Level 2's release at the start lets the merge's programs wait on SMs through the whole split
-    # (1.6-1.8 us a layer more at 8k, t = 64, and on batches); a late one would only hide the
-    # merge's launch behind the split's last tiles. Off in every config (RESULTS.md, session 38).
-    pdl_release: int = 0
 
     def __post_init__(self):
         if self.merge_tile is not None and not isinstance(self.merge_tile, MergeTile):
@@ -568,10 +553,6 @@ class VerifyConfig:
                              "warp-specialised one with s_cols=256, or sm_120's mma2 kernels); leave it False")
         if self.pdl not in (0, 1, 2, 3):
             raise ValueError(f"VerifyConfig: pdl must be 0 (off), 1, 2 or 3 (got {self.pdl})")
-        if self.pdl_release not in (0, 1, 2) or (self.pdl_release and not (self.pdl == 1 and self.warp_specialized)):
-            raise ValueError(f"VerifyConfig: pdl_release must be 0, 1 (the loader) or 2 (the S group), and a late "
-                             f"release needs pdl=1 and warp_specialized=True (got pdl_release={self.pdl_release}, "
-                             f"pdl={self.pdl}, warp_specialized={self.warp_specialized})")
         if self.q_regs and self.s_cols != 128:
             raise ValueError("VerifyConfig: q_regs needs s_cols=128; with 256 output columns the S group has no "
                              "registers left for Q (it spills)")
@@ -722,8 +703,7 @@ def split_kernel(cfg: VerifyConfig, heads: int, fp8_pool: bool = False):
     verify_gluon = importlib.import_module(".verify_gluon", __package__)  # Hopper; not the interpreter's
     if cfg.warp_specialized:
         ws_const = {**const, "NUM_STAGES": cfg.num_stages,  # K buffers, filled by the loader partition
-                    "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead,
-                    "PDL_RELEASE": cfg.pdl_release}
+                    "S_COLS": cfg.s_cols, "Q_REGS": cfg.q_regs, "P_REGS": cfg.p_regs, "S_AHEAD": cfg.s_ahead}
         if fp8_pool:
             # the config's tiles, buffers and S placement, with the S group's 256 columns and Q and P
             # in shared memory: the fp8 loader's 80 registers leave the S group no room for Q or P

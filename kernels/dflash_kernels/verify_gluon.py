@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ._gluon_compat import cta_barrier
-from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice, _release_dependents
+from .verify_attention import SPLIT_RUNTIME_INTS, _keys_of_program, _program_slice
 
 
 @gluon.jit
@@ -501,7 +501,7 @@ def _copy_q(qn_lo, qn_hi, qp_s, q_ready, Q, qo_start, pid_m, n_rows, stride_qt, 
 def _ws_loader_any(qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows,
                    kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
                    is_draft, n_tiles, NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, PDL_RELEASE: gl.constexpr):
+                   NUM_STAGES: gl.constexpr):
     """The shipped kernel's loader partition: Q first (_copy_q), then bf16 rows (k_base: a draft
     block, or a bf16 pool) as _ws_loader copies them, or the rows of an fp8 pool KV as
     _fp8_loader widens them."""
@@ -516,8 +516,6 @@ def _ws_loader_any(qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, 
                    n_tiles, BLOCK_N, NUM_STAGES)
     else:
         _fp8_loader(kn_lo, kn_hi, kp_s, ready, kfree, idx_ptr, KV, stride_kv, lo, hi, n_tiles, BLOCK_N, NUM_STAGES)
-    if PDL_RELEASE == 1:  # (its last tile's copies are issued)
-        _release_dependents()
 
 
 @gluon.jit
@@ -587,7 +585,7 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
                 PART_O, PART_LSE, pid_s, rows_max, o_scale,
                 NUM_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 NUM_STAGES: gl.constexpr, S_COLS: gl.constexpr, Q_REGS: gl.constexpr, P_REGS: gl.constexpr,
-                S_AHEAD: gl.constexpr, PDL_RELEASE: gl.constexpr):
+                S_AHEAD: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -664,8 +662,6 @@ def _ws_s_group(qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_s
         else:
             acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(kfree.index(buf), count=1)
-    if PDL_RELEASE == 2:
-        _release_dependents()
     # the row sums go to the V group through the scale buffer once it has read the last scale
     mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
     scale_smem.store(l_i)
@@ -697,7 +693,6 @@ def _verify_split_kernel_gluon_ws(
     P_REGS: gl.constexpr,
     PDL: gl.constexpr,
     S_AHEAD: gl.constexpr = True,
-    PDL_RELEASE: gl.constexpr = 0,  # VerifyConfig.pdl_release
 ):
     gl.static_assert(BLOCK_M == 64)
     gl.static_assert((S_COLS == 256) or (S_COLS == 128))  # output columns the S group keeps
@@ -766,13 +761,13 @@ def _verify_split_kernel_gluon_ws(
         (_ws_s_group, (qn_lo, qn_hi, qp_s, q_ready, kn_lo, kn_hi, kp_s, p_smem, scale_smem, ready, kfree, p_ready,
                        p_free, mask_rows, stride_mask, pid_m, n_rows, lo, hi, is_draft, n_tiles, qk,
                        PART_O, PART_LSE, pid_s, rows_max, o_scale,
-                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS, S_AHEAD, PDL_RELEASE)),
+                       NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, S_COLS, Q_REGS, P_REGS, S_AHEAD)),
         (_ws_v_group, (kn_lo, kn_hi, p_smem, scale_smem, ready, kfree, p_ready, p_free,
                        PART_O, pid_s.to(gl.int64) * rows_max + pid_m * BLOCK_M, n_rows - pid_m * BLOCK_M,
                        n_tiles, o_scale, BLOCK_M, NUM_STAGES, S_COLS, P_REGS)),
         (_ws_loader_any, (qn_lo, qn_hi, qp_s, q_ready, Q, stride_qt, stride_qh, pid_m, n_rows, kn_lo, kn_hi, kp_s,
                           ready, kfree, KV_INDICES + kv_start, k_base, k_stride, KV, stride_kv, qo_start, lo, hi,
-                          is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES, PDL_RELEASE)),
+                          is_draft, n_tiles, NUM_HEADS, BLOCK_M, BLOCK_N, NUM_STAGES)),
     ], [4, WS_LOADER_WARPS], [v_regs, loader_regs])
 
     # -- partial result (the V group wrote columns S_COLS..511; bf16 partials of 256 columns the S
