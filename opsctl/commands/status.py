@@ -356,7 +356,20 @@ def render_human(report: dict[str, Any]) -> None:
     console.print(table)
 
 
-@click.command()
+class NagiosCommand(click.Command):
+    """A check's own usage errors (a mistyped option in a monitoring config) exit UNKNOWN (3), as
+    the Nagios plugin guidelines ask, not click's 2, which a monitor reads as CRITICAL: the engine
+    was never looked at."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as error:
+            error.exit_code = UNKNOWN
+            raise
+
+
+@click.command(cls=NagiosCommand)
 @click.option("--json", "json_", is_flag=True, help="Print one JSON document instead of the table.")
 @click.option("--timeout", "timeout_s", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds each HTTP probe may take; a hung engine is reported after this.")

@@ -56,3 +56,21 @@ def test_an_env_file_that_cannot_be_read_is_named_and_not_read_as_found(tmp_path
     result = CliRunner().invoke(cli, ["oom"])
     assert result.exit_code == 3 and f"cannot read {env_dir}" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["status", "--jsn"], "No such option"),
+    (["status", "--timeout", "0"], "Invalid value for '--timeout'"),
+    (["status", "extra"], "unexpected extra argument"),
+])
+def test_a_mistyped_status_check_is_unknown_not_critical(argv, message):
+    """A monitoring config's typo never looked at the engine: UNKNOWN (3), as the Nagios plugin
+    guidelines ask; click's usage code 2 would page as CRITICAL."""
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 3, result.output
+    assert message in result.output
+
+
+def test_other_commands_keep_clicks_usage_code():
+    assert CliRunner().invoke(cli, ["oom", "--jsn"]).exit_code == 2
+    assert CliRunner().invoke(cli, ["status", "--help"]).exit_code == 0
