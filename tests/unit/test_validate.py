@@ -79,3 +79,18 @@ def test_every_flag_the_unit_gives_the_engine_is_guarded_against_a_second_value(
                               sglang_speculative_algorithm="DFLASH", sglang_speculative_draft_model_path="/m/d")
     flags = {arg for arg in argv if arg.startswith("--")}
     assert flags and flags <= set(owned), flags - set(owned)
+
+
+def test_the_engine_image_role_alone_refuses_a_context_folder_outside_its_context(tmp_path):
+    """Used without site.yml (whose pre_tasks check every role), the role checks its own inputs
+    first: a dest of ".." fails before any task copies or builds."""
+    (tmp_path / "roles").symlink_to(ANSIBLE / "roles")
+    (tmp_path / "ansible.cfg").symlink_to(ANSIBLE / "ansible.cfg")
+    (tmp_path / "alone.yml").write_text(
+        "- hosts: localhost\n  gather_facts: false\n  roles:\n    - role: engine_image\n"
+        "      engine_image_context_extras: [{src: /tmp, dest: '..'}]\n")
+    result = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "alone.yml"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0 and "must be one folder name" in out, result.stdout[-3000:]
+    assert "changed=0" in out and "Ensure the build context" not in out, result.stdout[-3000:]
