@@ -98,6 +98,9 @@ class Setting:
     tokens: int | None = None
     meets_target: bool | None = None
     safe: bool | None = None
+    # the rule found the spike fits from the OOM's own figures, with no safety margin (the planner,
+    # asked, may still find the headroom short)
+    fits_by_oom_figures: bool = False
 
 
 @dataclass
@@ -509,6 +512,7 @@ def rule_recommendation(incident: Incident) -> Recommendation:
                         True,
                         f"keeps the pool; the spike fits once the chunk halves "
                         f"(saves ~{_mib(saving)} against a {_mib(max(shortfall, 0))} shortfall)",
+                        fits_by_oom_figures=True,
                     )
                 )
         return Recommendation("lower the fraction and the prefill chunk; enable expandable_segments", settings, notes)
@@ -609,7 +613,7 @@ def recommend(
                 checked.safe = planner.is_safe(
                     setting.fraction, setting.chunk, inputs, expandable=bool(setting.expandable_segments)
                 )
-                if not checked.safe and "spike fits" in setting.why:  # (the rule's sum has no margin)
+                if not checked.safe and setting.fits_by_oom_figures:
                     checked.why += (f"; by the OOM's figures alone: the planner, with its "
                                     f"{inputs.safety_margin_gib:g} GiB safety margin, finds the headroom short")
         settings.append(checked)
