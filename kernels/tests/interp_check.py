@@ -80,6 +80,13 @@ if spec.get("max_q_len"):
     guard = [torch.full((s[0] + 2, *s[1:]), 1234.0, dtype=dtype) for s, dtype in
              zip(shapes, (va.partial_dtype(cfg), torch.float32), strict=False)]
     workspace = (guard[0][:shapes[0][0]], guard[1][:shapes[1][0]], torch.zeros(shapes[2], dtype=torch.int32))
+if spec.get("poison_workspace"):
+    # every partial and lse NaN before the call: a slot the merge reads but its request does not own
+    # (a lone request's first chunk is loaded before its count is known) must be dropped, not
+    # weighted by zero
+    shapes = va.workspace_shape(len(spec["ts"]), h, case["max_q_len"], spec["num_splits"])
+    workspace = (torch.full(shapes[0], float("nan"), dtype=va.partial_dtype(cfg)),
+                 torch.full(shapes[1], float("nan")), torch.zeros(shapes[2], dtype=torch.int32))
 va.verify_attention(case["q"], case["k_extend"], case["kv_cache"], case["kv_indices"], case["kv_indptr"],
                     case["qo_indptr"], mask, SM_SCALE, out=out, lse=lse, max_q_len=case["max_q_len"],
                     num_splits=spec.get("num_splits"), config=cfg, block_mask=block, workspace=workspace, **scales)
