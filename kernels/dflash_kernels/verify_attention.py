@@ -386,29 +386,12 @@ def _merge_weights(lse_s, m):
 
 
 @triton.jit
-def _merge_bf16_step(x, lse_s, ok, m, w_sum, acc_even, acc_odd):
-    """One chunk of bf16 partials, loaded as int32 words of two columns, into the running sums;
-    `ok` marks the request's partials (the other rows' loads are dropped here, whatever they hold:
-    a lone request's first chunk is loaded before its count is known)."""
-    x = tl.where(ok[:, None], x, 0)
-    lse_s = tl.where(ok, lse_s, float("-inf"))
-    o_even = (x << 16).to(tl.float32, bitcast=True)  # column 2i: the word's low half
-    o_odd = (x & -65536).to(tl.float32, bitcast=True)  # column 2i + 1: its high half
-    w, rescale, m = _merge_weights(lse_s, m)
-    acc_even = acc_even * rescale + tl.sum(w[:, None] * o_even, 0)
-    acc_odd = acc_odd * rescale + tl.sum(w[:, None] * o_odd, 0)
-    w_sum = w_sum * rescale + tl.sum(w, 0)
-    return m, w_sum, acc_even, acc_odd
-
-
-@triton.jit
-def _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, NUM_SPLITS, BATCH, x0, lse0,
-                      BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr, EARLY: tl.constexpr):
+def _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, NUM_SPLITS, BATCH,
+                      BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
     """The merge's loop over bf16 partials ((sums of BLOCK_D columns, running maximum, weight sum)).
     They are read as int32 words of two columns: loaded as bf16, Triton gave the tile another
     layout than its fp32 sums and converted it through shared memory in every step (RESULTS.md,
-    session 31: the merge up to 1.6x slower). A bf16 value's bits are the top half of its fp32.
-    With EARLY, a lone request's first chunk came loaded (x0, lse0: _early_chunk)."""
+    session 31: the merge up to 1.6x slower). A bf16 value's bits are the top half of its fp32."""
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_w = pid_d * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
     words = PART_O.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -416,35 +399,17 @@ def _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, 
     w_sum = tl.zeros([1], tl.float32)
     acc_even = tl.zeros([BLOCK_D // 2], tl.float32)
     acc_odd = tl.zeros([BLOCK_D // 2], tl.float32)
-    first = 0
-    if EARLY:
-        if BATCH == 1:
-            m, w_sum, acc_even, acc_odd = _merge_bf16_step(x0, lse0, offs_s <= n_used, m, w_sum, acc_even, acc_odd)
-            first = SPLIT_CHUNK
-    for s0 in range(first, n_used + 1, SPLIT_CHUNK):
+    for s0 in range(0, n_used + 1, SPLIT_CHUNK):
         part, ok = _merge_chunk_rows(s0 + offs_s, r, b, s_first, n_used, rows_max, NUM_SPLITS, BATCH)
         lse_s = tl.load(PART_LSE + part, mask=ok, other=float("-inf"))
         x = tl.load(words + part[:, None] * 256 + offs_w[None, :], mask=ok[:, None], other=0)
-        m, w_sum, acc_even, acc_odd = _merge_bf16_step(x, lse_s, ok, m, w_sum, acc_even, acc_odd)
+        o_even = (x << 16).to(tl.float32, bitcast=True)  # column 2i: the word's low half
+        o_odd = (x & -65536).to(tl.float32, bitcast=True)  # column 2i + 1: its high half
+        w, rescale, m = _merge_weights(lse_s, m)
+        acc_even = acc_even * rescale + tl.sum(w[:, None] * o_even, 0)
+        acc_odd = acc_odd * rescale + tl.sum(w[:, None] * o_odd, 0)
+        w_sum = w_sum * rescale + tl.sum(w, 0)
     return tl.interleave(acc_even, acc_odd), m, w_sum
-
-
-@triton.jit
-def _early_chunk(PART_O, PART_LSE, r, pid_d, rows_max, NUM_SPLITS, BATCH, BLOCK_D: tl.constexpr,
-                 SPLIT_CHUNK: tl.constexpr):
-    """(words, lse) of a lone request's first SPLIT_CHUNK partials, or nothing loaded for a batch.
-    A lone request's partials sit at slots known without a load (its draft block's, then its
-    slices' in order, _merge_chunk_rows with s_first 0), so they are loaded beside its count and
-    not after it: the merge then waits for one memory round trip, not two. Rows past its count
-    (but inside the workspace) are read and dropped (_merge_bf16_step)."""
-    k = tl.arange(0, SPLIT_CHUNK)
-    part = tl.where(k == 0, NUM_SPLITS + 1, k - 1).to(tl.int64) * rows_max + r
-    exists = (BATCH == 1) & (k <= NUM_SPLITS)
-    offs_w = pid_d * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
-    words = PART_O.to(tl.pointer_type(tl.int32), bitcast=True)
-    x0 = tl.load(words + part[:, None] * 256 + offs_w[None, :], mask=exists[:, None], other=0)
-    lse0 = tl.load(PART_LSE + part, mask=exists, other=float("-inf"))
-    return x0, lse0
 
 
 @triton.jit(do_not_specialize=["stride_lt", "stride_lh", "rows_max", "NUM_SPLITS", "BATCH"])
@@ -474,14 +439,6 @@ def _verify_merge_kernel(
     qo_start = tl.load(QO_INDPTR + b)
     n_rows = (tl.load(QO_INDPTR + b + 1) - qo_start) * NUM_HEADS
     s_first, n_used = _request_slots(b, PLAN, KV_INDPTR, NUM_SPLITS, BATCH, MIN_CHUNK, BLOCK_N)
-    # bf16 partials of a lone request: its first chunk is loaded here too (_early_chunk). Not with
-    # PDL, where the partials are complete only past the wait below.
-    EARLY: tl.constexpr = (PART_O.dtype.element_ty == tl.bfloat16) and not PDL
-    if EARLY:
-        x0, lse0 = _early_chunk(PART_O, PART_LSE, r, pid_d, rows_max, NUM_SPLITS, BATCH, BLOCK_D, SPLIT_CHUNK)
-    else:
-        x0 = tl.zeros([SPLIT_CHUNK, BLOCK_D // 2], tl.int32)
-        lse0 = tl.full([SPLIT_CHUNK], float("-inf"), tl.float32)
     if (r >= n_rows) | ((s_first | n_used) < 0):
         return
     if PDL:  # launched as the split kernel's dependent: its partials are complete past this wait
@@ -491,7 +448,7 @@ def _verify_merge_kernel(
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     if PART_O.dtype.element_ty == tl.bfloat16:
         acc, m, w_sum = _merge_bf16_pairs(PART_O, PART_LSE, r, b, pid_d, s_first, n_used, rows_max, NUM_SPLITS,
-                                          BATCH, x0, lse0, BLOCK_D, SPLIT_CHUNK, EARLY)
+                                          BATCH, BLOCK_D, SPLIT_CHUNK)
     else:
         m = tl.full([1], float("-inf"), tl.float32)  # running maximum of the partial lse (log2)
         w_sum = tl.zeros([1], tl.float32)

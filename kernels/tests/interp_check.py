@@ -81,9 +81,8 @@ if spec.get("max_q_len"):
              zip(shapes, (va.partial_dtype(cfg), torch.float32), strict=False)]
     workspace = (guard[0][:shapes[0][0]], guard[1][:shapes[1][0]], torch.zeros(shapes[2], dtype=torch.int32))
 if spec.get("poison_workspace"):
-    # every partial and lse NaN before the call: a slot the merge reads but its request does not own
-    # (a lone request's first chunk is loaded before its count is known) must be dropped, not
-    # weighted by zero
+    # every partial and lse NaN before the call: a slot the merge read that its request does not
+    # own would show (a weight of zero does not drop a NaN)
     shapes = va.workspace_shape(len(spec["ts"]), h, case["max_q_len"], spec["num_splits"])
     workspace = (torch.full(shapes[0], float("nan"), dtype=va.partial_dtype(cfg)),
                  torch.full(shapes[1], float("nan")), torch.zeros(shapes[2], dtype=torch.int32))

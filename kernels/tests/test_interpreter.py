@@ -62,9 +62,8 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
     # and a tile of 128 columns looping over chunks of 4 in two stages (bf16's table: 128 x 64 in
     # two stages)
     dict(lens=[300, 90], ts=[4, 2], heads=2, num_splits=9, partials_bf16=True, config=dict(SMALL, merge_tile=(128, 4, 2))),
-    # a lone request's first chunk of bf16 partials, loaded before its count (_early_chunk), from a
-    # workspace of NaN: 3 slices of 16 slots in one chunk of 32, then 7 slices over chunks of 2
-    # (the loop goes on after the early chunk)
+    # a lone request's bf16 partials from a workspace of NaN: the merge reads its own slots only
+    # (3 slices of 16 in one chunk of 32; 7 slices over chunks of 2)
     dict(lens=[40], ts=[3], heads=2, num_splits=16, partials_bf16=True, poison_workspace=True,
          config=dict(SMALL, merge_tile=(64, 32))),
     dict(lens=[300], ts=[4], heads=2, num_splits=7, partials_bf16=True, poison_workspace=True,
@@ -72,7 +71,7 @@ SMALL = dict(block_m=16, block_n=16, num_warps=4, num_stages=1, min_chunk=16)
 ], ids=["mixed-batch", "chain", "one-request-slices", "one-request-empty", "many-splits-paged", "tree-40",
         "half-tiles-plan-slices", "fp8-e4m3-scaled", "fp8-e5m2-paged", "bf16-scaled",
         "chains-one-block", "bf16-partials-rows", "bf16-partials-one-trip", "bf16-partials-one-request",
-        "bf16-partials-column-chunks", "bf16-early-chunk-poisoned", "bf16-early-chunk-then-loop-poisoned"])
+        "bf16-partials-column-chunks", "bf16-lone-request-poisoned", "bf16-lone-request-chunks-poisoned"])
 def test_kernels_match_reference(spec):
     r = _run(spec)
     assert not r["nan"], "unwritten or NaN output"
