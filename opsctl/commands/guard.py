@@ -20,6 +20,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from opsctl.commands.status import NagiosCommand
 from opsctl.config import load_config
 from opsctl.guard.state import GuardStore, summary
 from opsctl.output import console, err_console, print_json
@@ -72,7 +73,7 @@ def _values(values: dict[str, Any] | None) -> str:
             f"expandable_segments {values['expandable_segments']}")
 
 
-@guard.command("status")
+@guard.command("status", cls=NagiosCommand)
 @click.option("--json", "json_", is_flag=True, help="Print one JSON document.")
 @reads_root_files(exit_code=3)
 def guard_status(json_: bool) -> None:

@@ -358,8 +358,8 @@ def render_human(report: dict[str, Any]) -> None:
 
 class NagiosCommand(click.Command):
     """A check's own usage errors (a mistyped option in a monitoring config) exit UNKNOWN (3), as
-    the Nagios plugin guidelines ask, not click's 2, which a monitor reads as CRITICAL: the engine
-    was never looked at."""
+    the Nagios plugin guidelines ask, not click's 2, which a monitor reads as CRITICAL (status) or
+    stopped (guard status): nothing was looked at."""
 
     def make_context(self, info_name, args, parent=None, **extra):
         try:

@@ -62,6 +62,7 @@ def test_an_env_file_that_cannot_be_read_is_named_and_not_read_as_found(tmp_path
     (["status", "--jsn"], "No such option"),
     (["status", "--timeout", "0"], "Invalid value for '--timeout'"),
     (["status", "extra"], "unexpected extra argument"),
+    (["guard", "status", "--jsn"], "No such option"),
 ])
 def test_a_mistyped_status_check_is_unknown_not_critical(argv, message):
     """A monitoring config's typo never looked at the engine: UNKNOWN (3), as the Nagios plugin
@@ -73,4 +74,5 @@ def test_a_mistyped_status_check_is_unknown_not_critical(argv, message):
 
 def test_other_commands_keep_clicks_usage_code():
     assert CliRunner().invoke(cli, ["oom", "--jsn"]).exit_code == 2
+    assert CliRunner().invoke(cli, ["guard", "pause", "--jsn"]).exit_code == 2
     assert CliRunner().invoke(cli, ["status", "--help"]).exit_code == 0
