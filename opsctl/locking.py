@@ -45,6 +45,12 @@ def holder(state_dir: Path, other_than: int | None = None) -> str | None:
     return f"{data.get('holder', '?')} (pid {pid}, since {data.get('since', '?')})"
 
 
+def _unusable(state_dir: Path, error: OSError) -> click.ClickException:
+    return click.ClickException(f"cannot take the engine lock in {state_dir} ({error.strerror or error}): is its "
+                                "filesystem full or read-only? Nothing was changed; free space there (or remount it "
+                                "read-write) and retry")
+
+
 @contextlib.contextmanager
 def engine_lock(state_dir: Path, holder_name: str, wait_s: float = 0.0) -> Iterator[None]:
     """Hold the engine lock, or fail saying who holds it."""
@@ -59,9 +65,14 @@ def engine_lock(state_dir: Path, holder_name: str, wait_s: float = 0.0) -> Itera
     except Timeout:
         raise click.ClickException(f"another engine change is in progress ({holder(state_dir) or 'unknown'}); wait "
                                    "for it to finish, or pass --wait-lock SECONDS to queue behind it") from None
+    except OSError as error:  # a full or read-only filesystem (disk errors remount it read-only)
+        raise _unusable(state_dir, error) from None
     try:
-        atomic_write(info, json.dumps({"holder": holder_name, "pid": os.getpid(), "pid_start": _process_start(os.getpid()),
-                                       "since": time.strftime("%H:%M:%S")}))
+        try:
+            atomic_write(info, json.dumps({"holder": holder_name, "pid": os.getpid(),
+                                           "pid_start": _process_start(os.getpid()), "since": time.strftime("%H:%M:%S")}))
+        except OSError as error:
+            raise _unusable(state_dir, error) from None
         yield
     finally:
         info.unlink(missing_ok=True)

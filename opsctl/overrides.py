@@ -89,8 +89,15 @@ def values_in_force(env_file: Path, override_file: Path) -> TunedValues:
 
 
 def read_override_text(path: Path) -> str:
-    """The override file's text, byte for byte ("" when there is none): what a rollback restores."""
-    return path.read_text() if path.exists() else ""
+    """The override file's text, byte for byte ("" when there is none): what a rollback restores.
+    One that cannot be read (or is not UTF-8: a hand edit in another encoding) is an error that
+    says how to go on; opsctl never rewrites a file it could not read."""
+    try:
+        return path.read_text() if path.exists() else ""
+    except (OSError, UnicodeDecodeError) as error:
+        raise click.ClickException(
+            f"cannot read {path}: {getattr(error, 'strerror', None) or error}. Fix the file (it must be UTF-8), or "
+            "drop every override with `opsctl overrides clear --no-restart`; nothing was changed") from None
 
 
 def write_override_text(path: Path, text: str) -> None:

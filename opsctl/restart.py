@@ -352,20 +352,39 @@ def _why(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseException) -> NoReturn:
+def _record(history: Path, record: dict, warn: Callable[[str], None]) -> None:
+    """Append to the history once the override file may have changed. A history that cannot be
+    written (a full or read-only disk) must neither stop a rollback nor turn its outcome into a
+    traceback: the outcome stands, and the operator is told what the history misses."""
+    try:
+        append_record(history, record)
+    except OSError as error:
+        warn(f"could not record the {record['event']} ({record['outcome']}) in {history} "
+             f"({error.strerror or error}): the history misses it")
+
+
+def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseException,
+             warn: Callable[[str], None]) -> NoReturn:
     """Put the previous override file back and record why, when a restart cannot be followed to its
     end. No second start: the unit runs what systemd last started (the new values, if the restart
     went through) until its next start, which reads the restored file. Any cause, a SystemExit
     of an output whose reader went away included, ends as RestartAbandoned (exit 3)."""
+    why = _why(error)
     with signals_deferred(swallow=True):
-        write_override_text(config.override_env_file, old_text)
-        why = _why(error)
-        append_record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
-                                             "override_restored": True, **change})
+        try:
+            write_override_text(config.override_env_file, old_text)
+            restored = None
+        except OSError as write_error:
+            restored = write_error.strerror or str(write_error)
+        _record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
+                                       "override_restored": restored is None, **change}, warn)
+    where = ("the previous override file is restored, but the engine may run the new values until its next start"
+             if restored is None else
+             f"{config.override_env_file} could not be put back ({restored}) and holds the new values: write it "
+             "back (the history's `from` has the previous values) before the engine's next start")
     raise RestartAbandoned(
-        f"the restart could not be followed ({why}); the previous override file is restored, but the "
-        f"engine may run the new values until its next start. Check `systemctl status {config.unit}` "
-        f"and run `opsctl status`; restart again once the cause is fixed") from error
+        f"the restart could not be followed ({why}); {where}. Check `systemctl status {config.unit}` and run "
+        "`opsctl status`; restart again once the cause is fixed") from error
 
 
 def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: bool, budget_s: float,
@@ -401,25 +420,30 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
         history = history_file(config)
         change = {"actor": actor(), "reason": reason, "from": dataclasses.asdict(before),
                   "to": dataclasses.asdict(after)}
-        append_record(history, {"event": "restart", "outcome": "started", **change})
+        try:  # (no change goes unrecorded: a history that cannot be written refuses it)
+            append_record(history, {"event": "restart", "outcome": "started", **change})
+        except OSError as error:
+            raise click.ClickException(f"cannot record the change in {history} ({error.strerror or error}): nothing "
+                                       f"was changed; free space in {history.parent} (or remount it read-write) "
+                                       "and retry") from None
         try:
             with signals_deferred():
                 write_override_text(config.override_env_file,
                                     render_overrides(overrides, config.env_file, actor(), reason))
         except OSError as error:  # written atomically: the old file is still whole and in force
-            append_record(history, {"event": "restart", "outcome": "refused", "why": str(error), **change})
+            _record(history, {"event": "restart", "outcome": "refused", "why": str(error), **change}, warn)
             raise click.ClickException(f"cannot write {config.override_env_file} ({error.strerror}); nothing was "
                                        "changed and the engine was not restarted") from None
         except BaseException as error:  # a Ctrl-C held off while the file was written
-            _abandon(config, old_text, change, error)
+            _abandon(config, old_text, change, error, warn)
         try:
             attempt = start_and_wait(config, budget_s, progress)
         except BaseException as error:  # systemctl or journald failing, a timeout, Ctrl-C, SIGTERM, SystemExit
-            _abandon(config, old_text, change, error)
+            _abandon(config, old_text, change, error, warn)
         if attempt.ok:
             with signals_deferred(swallow=True):  # (it serves on the new values: a late Ctrl-C changes nothing)
-                append_record(history, {"event": "restart", "outcome": "ok",
-                                        "start_seconds": round(attempt.seconds, 1), **change})
+                _record(history, {"event": "restart", "outcome": "ok",
+                                  "start_seconds": round(attempt.seconds, 1), **change}, warn)
             return RestartOutcome(True, False, attempt, None, before, after)
 
         # Roll back: the previous override file, byte for byte, then the same health-gated start.
@@ -428,14 +452,14 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
             with signals_deferred():
                 write_override_text(config.override_env_file, old_text)
                 restored = True
-                append_record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
-                                        "journal": attempt.journal[-40:], **change})
+                _record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
+                                  "journal": attempt.journal[-40:], **change}, warn)
             rollback = start_and_wait(config, budget_s, progress)
         except BaseException as error:
             why = _why(error)
             with signals_deferred(swallow=True):
-                append_record(history, {"event": "rollback", "outcome": "abandoned", "why": why, "actor": actor(),
-                                        "override_restored": restored, "to": dataclasses.asdict(before)})
+                _record(history, {"event": "rollback", "outcome": "abandoned", "why": why, "actor": actor(),
+                                  "override_restored": restored, "to": dataclasses.asdict(before)}, warn)
             where = ("the previous override file is in place" if restored else
                      f"{config.override_env_file} could not be put back and still holds the failed values: write "
                      "it back (the history's `from` has the values) before the engine's next start")
@@ -443,7 +467,7 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
                 f"{attempt.reason}, and the rollback's start could not be followed ({why}); {where}. Check "
                 f"`systemctl status {config.unit}` and run `opsctl status`: the engine may be down") from error
         with signals_deferred(swallow=True):
-            append_record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
-                                    "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),
-                                    "actor": actor(), "to": dataclasses.asdict(before)})
+            _record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
+                              "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),
+                              "actor": actor(), "to": dataclasses.asdict(before)}, warn)
         return RestartOutcome(False, True, attempt, rollback, before, after)

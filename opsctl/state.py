@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import tempfile
 import time
@@ -25,12 +26,19 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    # The rename itself must reach the disk too, or a crash can bring the old file back.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    # The rename itself must reach the disk too, or a crash can bring the old file back. Past the
+    # rename the new file is what every reader sees: a failed fsync of the folder (a failing disk)
+    # is said, not raised, since a caller would take an error for "the old file is in force".
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as error:
+        logging.getLogger(__name__).warning("%s is written, but its folder could not be synced (%s): a crash "
+                                            "before the disk catches up may bring the previous file back",
+                                            path, error.strerror or error)
 
 
 def actor() -> str:

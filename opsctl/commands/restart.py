@@ -228,11 +228,19 @@ def overrides_clear(no_restart, reason, budget_s, wait_lock_s, json_) -> None:
         with _refused_on_error():
             config = load_config()
             with engine_lock(config.state_dir, f"{actor()}: overrides clear", wait_lock_s):
-                write_override_text(config.override_env_file,
-                                    render_overrides(TunedValues(), config.env_file, actor(), reason))
-                append_record(config.state_dir / "history.jsonl",
-                              {"event": "overrides-clear", "outcome": "written", "actor": actor(),
-                               "reason": reason, "time_written": time.time()})
+                try:  # (written atomically: on an error the old file is whole and in force)
+                    write_override_text(config.override_env_file,
+                                        render_overrides(TunedValues(), config.env_file, actor(), reason))
+                except OSError as error:
+                    raise click.ClickException(f"cannot write {config.override_env_file} "
+                                               f"({error.strerror or error}); nothing was changed") from None
+                history = config.state_dir / "history.jsonl"
+                try:
+                    append_record(history, {"event": "overrides-clear", "outcome": "written", "actor": actor(),
+                                            "reason": reason, "time_written": time.time()})
+                except OSError as error:
+                    err_console.print(f"[yellow]could not record the change in {history} "
+                                      f"({error.strerror or error}): the history misses it[/yellow]")
         err_console.print("overrides cleared; restart the engine to apply")
         return
     run_restart(TunedValues(), reason, True, budget_s, wait_lock_s, json_, replace=True)

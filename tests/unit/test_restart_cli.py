@@ -388,19 +388,44 @@ def test_every_spelling_of_a_target_goes_to_the_node(argv):
 
 
 def test_target_mistakes_are_usage_errors_not_tracebacks(monkeypatch, capsys):
+    """A mistyped target exits 2 (usage), or UNKNOWN (3) for a check: a monitoring config's typo
+    must not page as CRITICAL. A bad port or bracket used to escape as a ValueError (exit 1,
+    "rolled back" for a restart, WARNING for status)."""
     from opsctl import cli as cli_module
 
     for argv, message in ((["-H"], "-H needs a value"), (["--host=", "status"], "--host needs a value"),
                           (["-H", "bogus://x", "status"], "unknown target 'bogus://x'"),
-                          (["-i", "inventory.ini", "status"], "-i/--inventory needs -l/--limit HOST")):
+                          (["-i", "inventory.ini", "status"], "-i/--inventory needs -l/--limit HOST"),
+                          (["-H", "ssh://node:22x", "status"], "bad target 'ssh://node:22x'"),
+                          (["-H", "ssh://node:99999", "restart", "--fraction", "0.9"], "bad target"),
+                          (["-H", "ssh://[::1", "guard", "status"], "bad target 'ssh://[::1'"),
+                          (["-H", "2001:db8::1", "oom"], "an IPv6 host in brackets"),
+                          (["-H", "ssh://", "status"], "names no node"),
+                          (["-H", "docker://", "status"], "names no node")):
         monkeypatch.setattr("sys.argv", ["opsctl", *argv])
         with pytest.raises(SystemExit) as exit_:
             cli_module.main()
-        assert exit_.value.code == 2, argv
+        check = argv[-1] == "status"
+        assert exit_.value.code == (3 if check else 2), argv
         assert message in capsys.readouterr().err, argv
     # a target option after the group (where main() does not look) is refused, not ignored
     result = CliRunner().invoke(cli, ["--limit", "dflash-train", "status"])
     assert result.exit_code == 2 and "before the command" in result.output
+    # a typo before the command: UNKNOWN for a check, click's 2 elsewhere
+    assert CliRunner().invoke(cli, ["--bogus", "status", "--json"]).exit_code == 3
+    assert CliRunner().invoke(cli, ["--bogus", "guard", "status"]).exit_code == 3
+    assert CliRunner().invoke(cli, ["--bogus", "restart"]).exit_code == 2
+    assert CliRunner().invoke(cli, ["--bogus", "guard", "pause"]).exit_code == 2
+
+
+def test_an_ipv6_inventory_address_becomes_a_bracketed_target(monkeypatch):
+    from opsctl import remote
+
+    answer = json.dumps({"ansible_host": "2001:db8::7", "ansible_user": "ops", "ansible_port": 2222})
+    monkeypatch.setattr(remote.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a[0], 0, stdout=answer, stderr=""))
+    command = remote.remote_command({"inventory": "inv.ini", "limit": "gpu-7"}, ["status"])
+    assert command[-3:] == ["2222", "ops@2001:db8::7", "opsctl status"]
 
 
 def test_a_missing_transport_is_a_clear_error(monkeypatch, capsys):
@@ -669,3 +694,128 @@ def test_a_rollback_whose_file_cannot_be_written_says_the_file_still_holds_the_f
     assert "could not be put back and still holds the failed values" in " ".join(result.output.split())
     assert "the previous override file is in place" not in result.output
     assert _history(node)[-1]["override_restored"] is False
+
+
+def _full_history_after(monkeypatch, outcomes):
+    """append_record fails (a full disk) for the history records whose outcome is in `outcomes`."""
+    from opsctl import restart as restart_module
+    real_append = restart_module.append_record
+
+    def append(path, record):
+        if record["outcome"] in outcomes:
+            raise OSError(28, "No space left on device", str(path))
+        return real_append(path, record)
+    monkeypatch.setattr(restart_module, "append_record", append)
+
+
+def test_a_history_that_cannot_be_written_refuses_the_change_before_anything_changes(node, monkeypatch):
+    """A change that cannot be recorded is not made: a refusal (exit 2), not an OSError
+    traceback with exit 1, which reads as "rolled back"."""
+    _full_history_after(monkeypatch, {"started"})
+    starts = _fake_starts(monkeypatch, node, True)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "No space left on device" in result.output and "nothing was changed" in result.output
+    assert starts == [] and (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+
+
+def test_a_healthy_restart_whose_record_fails_still_exits_0_and_says_so(node, monkeypatch):
+    _full_history_after(monkeypatch, {"ok"})
+    _fake_starts(monkeypatch, node, True)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 0, result.output
+    assert "could not record the restart (ok)" in " ".join(result.output.split())
+    assert "SGLANG_MEM_FRACTION_STATIC=0.91" in (node / "override.env").read_text()
+
+
+def test_a_failed_record_does_not_cancel_the_rollback(node, monkeypatch):
+    """The failed start's record could not be written: the rollback's start used to be skipped
+    (exit 3, the engine left on the failed values until its next start)."""
+    _full_history_after(monkeypatch, {"failed"})
+    seen = _fake_starts(monkeypatch, node, False, True)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    assert result.exit_code == 1, result.output  # rolled back
+    assert len(seen) == 2 and seen[1] == ORIGINAL_OVERRIDE
+    assert [(r["event"], r["outcome"]) for r in _history(node)] == [("restart", "started"), ("rollback", "ok")]
+
+
+def test_an_abandoned_restart_whose_file_cannot_be_restored_says_so(node, monkeypatch):
+    from opsctl import restart as restart_module
+
+    _fake_starts(monkeypatch, node, KeyboardInterrupt())
+    real_write = restart_module.write_override_text
+
+    def full_disk_on_restore(path, text):
+        if text == ORIGINAL_OVERRIDE:
+            raise OSError(28, "No space left on device", str(path))
+        real_write(path, text)
+    monkeypatch.setattr(restart_module, "write_override_text", full_disk_on_restore)
+    result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 3 and "could not be put back (No space left on device)" in output, output
+    assert "the previous override file is restored" not in output
+    assert _history(node)[-1]["override_restored"] is False
+
+
+@pytest.mark.parametrize("errno, strerror", [(28, "No space left on device"), (30, "Read-only file system")])
+def test_a_state_folder_that_cannot_be_written_refuses_with_what_to_do(node, monkeypatch, errno, strerror):
+    """The lock file cannot be made (disk errors remount a filesystem read-only): exit 2 with what
+    to do, for a restart and for `overrides clear`, not a traceback with exit 1."""
+    from opsctl import locking
+
+    class BrokenLock:
+        def __init__(self, path):
+            self.path = path
+
+        def acquire(self, timeout):
+            raise OSError(errno, strerror, self.path)
+    monkeypatch.setattr(locking, "FileLock", BrokenLock)
+    for args in (["restart", "--fraction", "0.92", "--force"], ["overrides", "clear", "--no-restart"]):
+        result = CliRunner().invoke(cli, args)
+        output = " ".join(result.output.split())
+        assert result.exit_code == 2 and isinstance(result.exception, SystemExit), output
+        assert strerror in output and "full or read-only" in output and "Nothing was changed" in output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
+
+
+def test_an_override_file_that_is_not_utf8_is_refused_with_what_to_do(node):
+    """A hand edit in Latin-1 (a comment will do): restart and `overrides clear` exited 1 with a
+    UnicodeDecodeError traceback. The file is left as it is."""
+    latin1 = b"# r\xe9duit\nSGLANG_MEM_FRACTION_STATIC=0.92\n"
+    (node / "override.env").write_bytes(latin1)
+    for args in (["restart", "--fraction", "0.91", "--force"], ["overrides", "clear"]):
+        result = CliRunner().invoke(cli, args)
+        output = " ".join(result.output.split())
+        assert result.exit_code == 2 and isinstance(result.exception, SystemExit), output
+        assert "it must be UTF-8" in output and "opsctl overrides clear --no-restart" in output
+    assert (node / "override.env").read_bytes() == latin1
+
+
+def test_a_folder_that_cannot_be_synced_after_the_rename_is_not_reported_as_no_change(tmp_path, monkeypatch, caplog):
+    """Past the rename the new file is in force: a failed fsync of its folder must not raise, or
+    a restart would say "nothing was changed" while the next start reads the new file."""
+    from opsctl import state
+
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+    monkeypatch.setattr(state.os, "fsync", fsync)
+    target = tmp_path / "override.env"
+    state.atomic_write(target, "SGLANG_MEM_FRACTION_STATIC=0.9\n")
+    assert target.read_text() == "SGLANG_MEM_FRACTION_STATIC=0.9\n"
+    assert "could not be synced (Input/output error)" in caplog.text
+
+
+def test_overrides_clear_without_restart_on_a_full_disk_is_refused(node, monkeypatch):
+    from opsctl import overrides
+
+    def full_disk(path, text, mode=0o644):
+        raise OSError(28, "No space left on device", str(path))
+    monkeypatch.setattr(overrides, "atomic_write", full_disk)
+    result = CliRunner().invoke(cli, ["overrides", "clear", "--no-restart"])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "No space left on device" in result.output and "nothing was changed" in result.output
+    assert (node / "override.env").read_text() == ORIGINAL_OVERRIDE
