@@ -13,10 +13,30 @@ from opsctl.commands.oom import oom
 from opsctl.commands.plan import plan
 from opsctl.commands.restart import overrides, restart_command
 from opsctl.commands.rollout import rollout
-from opsctl.commands.status import status
+from opsctl.commands.status import UNKNOWN, NagiosCommand, status
 
 
-@click.group()
+def _names_a_check(args: list[str]) -> bool:
+    """Whether the command in `args` (target options and all) is a Nagios check (`status`,
+    `guard status`): a usage error there exits UNKNOWN (3), as the check's own do."""
+    command: click.Command = cli
+    for arg in args:
+        if isinstance(command, click.Group) and arg in command.commands:
+            command = command.commands[arg]
+    return isinstance(command, NagiosCommand)
+
+
+class _Cli(click.Group):
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, list(args), parent=parent, **extra)
+        except click.UsageError as error:  # a typo before the command: `opsctl --bogus status`
+            if _names_a_check(list(args)):
+                error.exit_code = UNKNOWN
+            raise
+
+
+@click.group(cls=_Cli)
 @click.version_option(__version__, prog_name="opsctl")
 @click.option("-H", "--host", "host", metavar="TARGET",
               help="Run on a node: docker://CONTAINER or ssh://[USER@]HOST[:PORT] (before the command).")
@@ -51,6 +71,8 @@ def main() -> None:
         if target:
             sys.exit(remote.run_remote(target, rest))
     except click.ClickException as error:  # outside click's own handling: show it as click would
+        if isinstance(error, click.UsageError) and _names_a_check(sys.argv[1:]):
+            error.exit_code = UNKNOWN  # a mistyped target in a monitoring config: not CRITICAL
         error.show()
         sys.exit(error.exit_code)
     cli()

@@ -79,6 +79,8 @@ def _from_inventory(inventory: str, host: str) -> str:
         return f"docker://{address}"
     user = hostvars.get("ansible_user")
     port = hostvars.get("ansible_port")
+    if ":" in str(address) and not str(address).startswith("["):  # an IPv6 address: bracketed in a URL
+        address = f"[{address}]"
     return f"ssh://{user + '@' if user else ''}{address}{':' + str(port) if port else ''}"
 
 
@@ -89,9 +91,16 @@ def _target_url(target: dict[str, str]):
     if "inventory" in target and "limit" not in target and "host" not in target:
         raise click.UsageError("-i/--inventory needs -l/--limit HOST: the inventory host to run on")
     url = target.get("host") or _from_inventory(target["inventory"], target.get("limit", ""))
-    parsed = urlparse(url if "://" in url else f"ssh://{url}")
+    usage = "use docker://CONTAINER or ssh://[USER@]HOST[:PORT] (an IPv6 host in brackets: ssh://[2001:db8::1])"
+    try:
+        parsed = urlparse(url if "://" in url else f"ssh://{url}")
+        parsed.port  # noqa: B018 - urlparse checks the port only when it is read
+    except ValueError as error:  # a port that is not a number or out of range, an unclosed bracket
+        raise click.UsageError(f"bad target {url!r} ({error}): {usage}") from None
     if parsed.scheme not in ("docker", "ssh"):
-        raise click.UsageError(f"unknown target {url!r}: use docker://CONTAINER or ssh://[USER@]HOST[:PORT]")
+        raise click.UsageError(f"unknown target {url!r}: {usage}")
+    if not (parsed.netloc if parsed.scheme == "docker" else parsed.hostname):
+        raise click.UsageError(f"target {url!r} names no node: {usage}")
     return parsed
 
 
