@@ -75,9 +75,18 @@ _POOL_FRAMES = re.compile(r"init_memory_pool|alloc_memory_pool|kv_cache_configur
 _WEIGHT_FRAMES = re.compile(r"\bload_model\b|\bload_weights\b|model_loader")
 _STARTUP_FRAMES = re.compile(rf"{_POOL_FRAMES.pattern}|load_model")
 # The scheduler's per-batch lines: the engine is serving.
-BATCH_LINE = re.compile(r"\b(?:Prefill|Decode) batch\b")
+BATCH_LINE = re.compile(r"\b(Prefill|Decode) batch\b")
+# SGLang 0.5.23 runs a /health_generate that finds the scheduler idle as a 1-token prefill and
+# logs it like any batch (metrics_reporter.report_prefill_stats): those lines are the probes'
+# own, not work for clients.
+_PROBE_PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: 1, #new-token: 1, .*#running-req: 0, #queue-req: 0\b")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
 _MAX_PENDING_LINES = 400
+
+
+def scheduler_working(line: str) -> bool:
+    """A batch line of the scheduler's work for clients (not a health probe's own prefill)."""
+    return bool(BATCH_LINE.search(line)) and not _PROBE_PREFILL.search(line)
 
 
 def _bytes(number: str, unit: str) -> int:

@@ -85,29 +85,36 @@ BUSY_WINDOW_S = 60.0
 JOURNAL_TIMEOUT_S = 5.0
 
 
-def last_batch_age_s(lines: list[str], now: float) -> float | None:
-    """Seconds since the scheduler's last batch line in `lines` (short-iso journal), or None."""
+def last_batch(lines: list[str], now: float) -> tuple[str, float] | None:
+    """The scheduler's last batch line of work for clients in `lines` (short-iso journal): its
+    kind ("Prefill" or "Decode") and its age in seconds, or None."""
     for line in reversed(lines):
-        if oom.BATCH_LINE.search(line):
+        if oom.scheduler_working(line) and (match := oom.BATCH_LINE.search(line)):
             try:
-                return now - datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
+                return match.group(1), now - datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
             except ValueError:
                 return None
     return None
 
 
 def busy_engine(engine, metrics: dict[str, float], lines: list[str], timeout_s: float) -> str | None:
-    """Why health probes that timed out belong to a busy engine (requests running, a batch
-    logged within BUSY_WINDOW_S), or None: then they are what they seem."""
+    """Why health probes that timed out belong to a busy engine, or None: then they are what they
+    seem. Busy: a batch logged within BUSY_WINDOW_S, and work in it. SGLang 0.5.23's gauges do
+    not count a request whose prefill is being chunked (it is neither in the running batch nor
+    in the queue), so a lone 185k prefill reads 0 running and 0 queued for its minutes: a prefill
+    batch as the last line is work in progress whatever the gauges say; after a decode batch the
+    gauges must show requests (an idle engine that stopped answering is hung)."""
     failing = [p for p in (engine.health, engine.health_generate) if not p.ok]
     if not failing or any(not (p.error or "").startswith("no answer within") for p in failing):
         return None
     requests = metrics.get("sglang:num_running_reqs", 0.0) + metrics.get("sglang:num_queue_reqs", 0.0)
-    age = last_batch_age_s(lines, time.time())
-    if requests <= 0 or age is None or age > BUSY_WINDOW_S:
+    batch = last_batch(lines, time.time())
+    if batch is None or batch[1] > BUSY_WINDOW_S or (batch[0] != "Prefill" and requests <= 0):
         return None
+    kind, age = batch
+    work = f"{requests:g} request(s) run" if requests > 0 else "a prefill is in progress"
     return (f"busy: {', '.join(p.url.rsplit('/', 1)[-1] for p in failing)} did not answer within {timeout_s:g} s "
-            f"while {requests:g} request(s) run and the scheduler logged a batch {max(age, 0):.0f} s ago "
+            f"while {work} and the scheduler logged a {kind.lower()} batch {max(age, 0):.0f} s ago "
             "(a long prefill holds SGLang's health answers)")
 
 

@@ -515,17 +515,6 @@ def _main_start_epoch(unit: str) -> float | None:
     return time.time() - (time.monotonic() - monotonic_us / 1e6)
 
 
-# SGLang 0.5.23 runs a /health_generate that finds the scheduler idle as a 1-token prefill and
-# logs it like any batch (metrics_reporter.report_prefill_stats): those lines are the probes'
-# own, not work for clients.
-_PROBE_PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: 1, #new-token: 1, .*#running-req: 0, #queue-req: 0\b")
-
-
-def scheduler_working(line: str) -> bool:
-    """A batch line of the scheduler's work for clients."""
-    return bool(oom.BATCH_LINE.search(line)) and not _PROBE_PREFILL.search(line)
-
-
 class Prober(threading.Thread):
     """Probe /health_generate every `probe_interval_s` into a `HangDetector` (off the main loop,
     so a slow probe never delays reading the journal)."""
@@ -666,7 +655,7 @@ class Watcher:
             self.follower.close()
 
     def _tick(self, lines: list[str], unit: UnitState, now: float) -> None:
-        if any(scheduler_working(line) for line in lines):
+        if any(oom.scheduler_working(line) for line in lines):
             with self.prober.lock:
                 self.detector.progress(now)
         for line in lines:

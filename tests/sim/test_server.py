@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -223,6 +224,40 @@ def test_health_generate_is_answered_during_a_long_prefill(start_sim):
     assert r.status_code == 200
     assert result["r"].status_code == 200 and answered < result["done"]  # answered mid-prefill
     assert "Health check failed" not in sim.output()
+
+
+def test_a_lone_chunked_prefill_is_neither_running_nor_queued_as_in_sglang(start_sim):
+    """SGLang 0.5.23 keeps the request whose prefill is being chunked out of both its running batch
+    and its waiting queue, so its gauges and its prefill lines read 0 and 0 until the request
+    decodes (what `opsctl status` must read as busy); the simulator counted it as running."""
+    # 60k tokens at this factor: 15 chunks, about 5 s of prefill
+    sim = start_sim(FIXED, env={**EXPANDABLE, "SGLANG_SIM_TIME_FACTOR": "0.1", "SGLANG_SIM_LOAD_SECONDS": "0"})
+    labels = 'engine_type="unified",model_name="/models/Kimi-K2.6",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    first_token = {}
+
+    def stream():
+        body = {"text": words(60000, "q"), "sampling_params": {"max_new_tokens": 120}, "stream": True}
+        with httpx.Client(base_url=sim.url, timeout=60) as client, client.stream("POST", "/generate", json=body) as r:
+            for _ in r.iter_bytes():
+                first_token.setdefault("at", time.monotonic())
+
+    def gauge(text, name):
+        return float(re.search(rf"^{name}{{{re.escape(labels)}}} (\S+)$", text, re.M).group(1))
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    with sim.client() as c:
+        wait_for(lambda: gauge(c.get("/metrics").text, "sglang:num_used_tokens") > 0, what="a prefill under way")
+        during, scraped_at = c.get("/metrics").text, time.monotonic()
+        wait_for(lambda: "at" in first_token, timeout=30, what="the first token")
+        decoding = c.get("/metrics").text
+        thread.join(60)
+    assert thread.is_alive() is False
+    assert scraped_at < first_token["at"]  # the scrape came before the prefill's end
+    assert gauge(during, "sglang:num_running_reqs") == 0 and gauge(during, "sglang:num_queue_reqs") == 0
+    prefills = [line for line in sim.output().splitlines() if "Prefill batch" in line]
+    assert len(prefills) == 15 and all("#running-req: 0, #queue-req: 0" in line for line in prefills)
+    assert gauge(decoding, "sglang:num_running_reqs") == 1  # decoding: in the running batch
 
 
 def test_startup_failures(start_sim):

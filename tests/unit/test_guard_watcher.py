@@ -293,7 +293,7 @@ def test_the_probes_own_prefills_are_not_work_for_clients():
     prefix = "2026-12-01T06:52:13+0000 dflash-train sglang[7130]: [2026-12-01 06:52:13 TP0] "
     probe = (prefix + "Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: 0.00, "
              "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 3.1")
-    assert not daemon.scheduler_working(probe)
-    assert daemon.scheduler_working(probe.replace("#new-token: 1,", "#new-token: 4096,"))
-    assert daemon.scheduler_working(probe.replace("#running-req: 0,", "#running-req: 3,"))
-    assert daemon.scheduler_working(prefix + "Decode batch, #running-req: 1, #token: 8192, token usage: 0.04")
+    assert not oom.scheduler_working(probe)
+    assert oom.scheduler_working(probe.replace("#new-token: 1,", "#new-token: 4096,"))
+    assert oom.scheduler_working(probe.replace("#running-req: 0,", "#running-req: 3,"))
+    assert oom.scheduler_working(prefix + "Decode batch, #running-req: 1, #token: 8192, token usage: 0.04")

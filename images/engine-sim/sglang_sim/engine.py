@@ -227,7 +227,14 @@ class Engine:
         return self.used_tokens() / total if total else 0.0
 
     def num_running(self) -> int:
-        return len(self.running)
+        """SGLang's running batch: requests past their prefill. A request whose prefill is being
+        chunked is neither running nor queued there (scheduler.chunked_req), so SGLang 0.5.23's
+        gauges read 0 and 0 through a lone long prefill."""
+        return sum(1 for r in self.running.values() if r["phase"] == "decode")
+
+    def num_queued(self) -> int:
+        """SGLang's waiting queue: requests not yet taken into a prefill."""
+        return self.waiting + sum(1 for r in self.running.values() if r["phase"] == "queued")
 
     def busy(self) -> bool:
         """A real request (not a health check) is being prefilled or decoded."""
@@ -441,11 +448,14 @@ class Engine:
                 health_path == "/health_generate" and self.faults.get("hang_health_generate")
             ):
                 await asyncio.sleep(0.05)
-            req = {"rid": rid, "context": 0}
+            req = {"rid": rid, "context": 0, "phase": "queued"}
             self.running[rid] = req
             if self.metrics:
                 self.metrics.update_gauges(self)
             async with self.prefill_lock:
+                req["phase"] = "prefill"
+                if self.metrics:
+                    self.metrics.update_gauges(self)
                 clock = max(clock, time.monotonic())
                 cached = self.radix.match(tokens)
                 new = len(tokens) - cached
@@ -468,6 +478,7 @@ class Engine:
                     prefix += c
                     largest = max(largest, c)
                 self.mem.finish_request(largest)
+                req["phase"] = "decode"
                 if not is_health:
                     self.radix.insert(tokens, self.max_total_num_tokens)
             ttft = time.monotonic() - created
@@ -545,8 +556,8 @@ class Engine:
         throughput = chunk / seconds if seconds > 0 else chunk / gap  # model seconds, not scaled ones
         logs.emit(
             f"Prefill batch, #new-seq: 1, #new-token: {chunk}, #cached-token: {hit}, "
-            f"token usage: {self.token_usage():.2f}, #running-req: {max(0, self.num_running() - 1)}, "
-            f"#queue-req: {self.waiting}, #pending-token: 0, cuda graph: False, "
+            f"token usage: {self.token_usage():.2f}, #running-req: {self.num_running()}, "
+            f"#queue-req: {self.num_queued()}, #pending-token: 0, cuda graph: False, "
             f"input throughput (token/s): {throughput:.2f}",
             rank=0,
         )
@@ -573,7 +584,7 @@ class Engine:
             msg += f"accept len: {acc:.2f}, accept rate: {(acc - 1) / drafts:.2f}, "
         msg += (
             f"cuda graph: {self.cfg.cuda_graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
-            f"#queue-req: {self.waiting}"
+            f"#queue-req: {self.num_queued()}"
         )
         logs.emit(msg, rank=0)
         if self.metrics:
@@ -584,7 +595,7 @@ class Engine:
         if self.running or self.waiting:
             logs.emit(
                 "Cache not flushed because there are pending requests. "
-                f"#queue-req: {self.waiting}, #running-req: {self.num_running()}",
+                f"#queue-req: {self.num_queued()}, #running-req: {self.num_running()}",
                 rank=0,
             )
             return False

@@ -126,7 +126,7 @@ class Metrics:
     def update_gauges(self, engine) -> None:
         s = self.sched_labels
         self.num_running_reqs.labels(**s).set(engine.num_running())
-        self.num_queue_reqs.labels(**s).set(engine.waiting)
+        self.num_queue_reqs.labels(**s).set(engine.num_queued())
         self.token_usage.labels(**s).set(round(engine.token_usage(), 2))
         self.num_used_tokens.labels(**s).set(engine.used_tokens())
         self.gen_throughput.labels(**s).set(engine.last_gen_throughput)
