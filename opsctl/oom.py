@@ -144,6 +144,9 @@ class Incident:
     phase: str = "unknown"  # startup | serving | unknown
     engine_killed: bool = False
     config: EngineConfig | None = None
+    # the fraction in `config` is not the crashed run's own (its server_args line is not in the
+    # log): the values in force now, given as a hint, are no evidence of what it ran with
+    config_guessed: bool = False
     detail: str = ""
     lines: list[str] = field(default_factory=list)
     recommendation: Recommendation | None = None
@@ -154,7 +157,7 @@ class Incident:
         """What this incident proves about the activation spike (activation/fragmentation OOMs only)."""
         if self.kind != "cuda_oom" or self.classification not in (ACTIVATION_SPIKE, FRAGMENTATION):
             return None
-        if self.tried_bytes is None or self.free_bytes is None or self.config is None:
+        if self.tried_bytes is None or self.free_bytes is None or self.config is None or self.config_guessed:
             return None
         fraction = self.config.mem_fraction_static
         chunk = self.config.chunked_prefill_size or _default_chunk(self)
@@ -235,7 +238,8 @@ class _Pending:
     phase: str
     config: EngineConfig | None
     raw: list[str] = field(default_factory=list)
-    loading_weights: bool = False  # the engine start in view logged "Load weight begin" and not its end
+    loading_weights: bool = False  # this process's rank was loading the target's weights
+    config_guessed: bool = False  # Incident.config_guessed  # the engine start in view logged "Load weight begin" and not its end
 
 
 class OomScanner:
@@ -247,8 +251,11 @@ class OomScanner:
     incident already returned.
     """
 
-    def __init__(self, config_hint: EngineConfig | None = None) -> None:
+    def __init__(self, config_hint: EngineConfig | None = None, hint_stated: bool = False) -> None:
+        # hint_stated: the hint's fraction is what the crashed run used, as an operator stated it
+        # (`opsctl oom --mem-fraction-static`), not merely the value in force now
         self.config_hint = config_hint
+        self.hint_stated = hint_stated
         self.startups = StartupTracker()
         self._pending: dict[int | None, _Pending] = {}
         self._last: Incident | None = None
@@ -261,11 +268,17 @@ class OomScanner:
             return run.config.merged_with(self.config_hint)
         return replace(self.config_hint) if self.config_hint is not None else None
 
+    def _config_guessed(self) -> bool:
+        """Whether _config's fraction comes from the hint, not from the engine start's own log."""
+        run = self.startups.current
+        if run is not None and run.config is not None and run.config.mem_fraction_static is not None:
+            return False
+        return not (self.hint_stated and self.config_hint is not None)
+
     def _new_pending(self, rec: LogLine, lines: list[str]) -> _Pending:
         """A traceback or message to collect, with the phase of the engine start it belongs to."""
-        run = self.startups.current
-        loading_weights = run is not None and run.load_begin_avail_gib is not None and run.load_end_avail_gib is None
-        return _Pending(rec, lines, self._phase(), self._config(), [rec.raw], loading_weights)
+        return _Pending(rec, lines, self._phase(), self._config(), [rec.raw],
+                        self.startups.loading_weights(rec.tp_rank), self._config_guessed())
 
     def _phase(self) -> str:
         run = self.startups.current
@@ -347,9 +360,11 @@ class OomScanner:
         # Journal lines from systemd or the kernel, or other loggers' lines, start records too.
         return rec.ident in ("kernel", "systemd") or bool(_SIGQUIT.search(rec.msg))
 
-    def _new(self, rec: LogLine, kind: str, classification: str, config: EngineConfig | None, phase: str) -> Incident:
+    def _new(self, rec: LogLine, kind: str, classification: str, config: EngineConfig | None, phase: str,
+             config_guessed: bool | None = None) -> Incident:
         run = self.startups.current
         return Incident(
+            config_guessed=self._config_guessed() if config_guessed is None else config_guessed,
             kind=kind,
             classification=classification,
             time=rec.time,
@@ -407,7 +422,8 @@ class OomScanner:
         lines = pending.lines
         text = "\n".join(lines)
         rec = pending.first
-        incident = self._new(rec, "scheduler_exception", NOT_MEMORY, pending.config, pending.phase)
+        incident = self._new(rec, "scheduler_exception", NOT_MEMORY, pending.config, pending.phase,
+                             pending.config_guessed)
         incident.lines = list(pending.raw)
         oom_text = _oom_message(lines)
         if oom_text:
@@ -462,9 +478,9 @@ def _line_with(lines: list[str], needle: str) -> str:
     return next((line.strip() for line in lines if needle in line), needle)[:300]
 
 
-def analyze(lines: Iterable[str], config_hint: EngineConfig | None = None) -> list[Incident]:
+def analyze(lines: Iterable[str], config_hint: EngineConfig | None = None, hint_stated: bool = False) -> list[Incident]:
     """Every OOM and crash in `lines`, oldest first, each with a rule-based recommendation."""
-    scanner = OomScanner(config_hint)
+    scanner = OomScanner(config_hint, hint_stated)
     incidents: list[Incident] = []
     for line in lines:
         incidents.extend(scanner.feed(line))

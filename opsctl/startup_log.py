@@ -275,6 +275,17 @@ class StartupTracker:
     def current(self) -> StartupFacts | None:
         return self.runs[-1] if self.runs else None
 
+    def loading_weights(self, rank: int | None) -> bool:
+        """Whether `rank` is loading the target's weights in the current start: its own begin
+        logged and not its end (ranks load side by side, and one may fail while another is done).
+        A rank that logged neither (a cut log) follows the start's ranks as a whole."""
+        run = self.current
+        if run is None:
+            return False
+        if rank in self._begin_ranks or rank in self._end_ranks:
+            return rank in self._begin_ranks and rank not in self._end_ranks
+        return run.load_begin_avail_gib is not None and run.load_end_avail_gib is None
+
     def _new_run(self, config: EngineConfig | None = None) -> StartupFacts:
         self.runs.append(StartupFacts(config=config or EngineConfig()))
         self._begin_ranks.clear()

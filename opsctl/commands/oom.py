@@ -183,11 +183,13 @@ def oom(
         err_console.print(f"no journal line of {unit or config.unit} since {since}")
     hint = EngineConfig(mem_fraction_static=flags.mem_fraction_static, chunked_prefill_size=flags.chunked_prefill_size,
                         expandable_segments=flags.expandable_segments)
-    incidents = oom_lib.analyze(lines, hint)
+    # (--mem-fraction-static states the crashed run's fraction; the values in force now are no
+    # evidence of it, so an OOM of a run whose server_args line is not in view calibrates nothing)
+    incidents = oom_lib.analyze(lines, hint, hint_stated=fraction is not None)
     # Where the log holds an engine start that sized its pool, the planner, calibrated from it,
     # checks each advice against the context target (and adds its own choice if none holds it).
-    # (The calibration reads the log again, without the hint: the values in force now are no
-    # evidence of what a crashed run used, and a spike observed at a guessed fraction is wrong.)
+    # (The calibration reads the log again, without the hint: a spike observed at a guessed
+    # fraction is wrong.)
     inputs = node_plan_inputs(config, lines)
     if inputs is not None:
         for incident in incidents:

@@ -416,3 +416,42 @@ def test_an_oom_while_the_dflash_draft_loads_is_still_the_fractions():
     oom_incident = next(i for i in incidents if i.kind == "cuda_oom")
     assert oom_incident.classification == oom.STARTUP
     assert oom_incident.recommendation.action.startswith("lower --mem-fraction-static")
+
+
+def test_an_oom_of_a_run_not_in_view_calibrates_nothing_from_the_values_in_force(tmp_path, monkeypatch, node_config):
+    """The seed's OOM at 0.94 / 8192, its server_args line cut off by --since, then the start at
+    0.93 / 4096 with expandable segments now in force: the OOM's spike was taken as observed at
+    the env files' 0.93 / 4096, and the advice said no fraction holds the target."""
+    lines = _lines("seed_journal.log") + _lines("startup_093.log")
+    [guessed] = oom.analyze(lines, EngineConfig(0.93, 4096, True))
+    assert guessed.config_guessed and guessed.spike_observation() is None
+    [stated] = oom.analyze(lines, EngineConfig(0.94, 8192, False), hint_stated=True)  # the operator's flags
+    assert not stated.config_guessed and stated.spike_observation().fraction == 0.94
+    (tmp_path / "sglang.env").write_text("SGLANG_MEM_FRACTION_STATIC=0.93\nSGLANG_CHUNKED_PREFILL_SIZE=4096\n"
+                                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n")
+    node_config()
+    monkeypatch.setattr(oom, "read_journal", lambda unit, since=None: iter(lines))
+    result = CliRunner().invoke(oom_command, ["--since", "10:00"], terminal_width=250)
+    assert result.exit_code == 1, result.output
+    assert "--mem-fraction-static 0.934 + --chunked-prefill-size 8192 + expandable_segments:True -> 200,519 tokens, " \
+           "spike fits" in result.output
+
+
+def test_an_oom_of_a_rank_still_loading_weights_is_the_weights_load_though_another_rank_is_done():
+    """Ranks load side by side: TP0 done, TP3 (beside another process's 12 GiB) fails in
+    load_model. Judged for the start as a whole, it was a startup allocation (lower the fraction)."""
+    incidents = oom.analyze([
+        "[2026-05-31 10:20:01] server_args={'model_path': '/models/Kimi-K2.6', 'mem_fraction_static': 0.93, "
+        "'chunked_prefill_size': 4096, 'tp_size': 8, 'page_size': 1, 'speculative_algorithm': 'DFLASH'}",
+        "[2026-05-31 10:20:40 TP0] Load weight begin. avail mem=93.41 GB",
+        "[2026-05-31 10:20:40 TP3] Load weight begin. avail mem=81.41 GB",
+        "[2026-05-31 10:24:11 TP0] Load weight end. elapsed=210.55 s, type=DeepseekV3ForCausalLM, avail mem=19.12 GB, "
+        "mem usage=74.29 GB.",
+        "[2026-05-31 10:24:12 TP3] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/sgl/python/sglang/srt/model_executor/model_runner.py", line 1290, in load_model',
+        "    self.model = self.loader.load_model(",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 94.97 "
+        "GiB of which 1.10 GiB is free. Process 4242 has 12.00 GiB memory in use.",
+        "[2026-05-31 10:24:13] Received sigquit from a child process. It usually means the child failed.",
+    ])
+    assert [(i.kind, i.classification, i.tp_rank) for i in incidents] == [("cuda_oom", oom.WEIGHTS_LOAD, 3)]
