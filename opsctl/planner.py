@@ -267,19 +267,23 @@ class PlanRow:
     chunks: tuple[ChunkCheck, ...]
 
 
+MAX_FRACTIONS = 1000  # rows a fraction range may ask for (a typo such as a step of 1e-9 is refused)
+
+
 def fraction_range(spec: str) -> list[float]:
     """Parse `START:STOP:STEP` (inclusive, e.g. `0.90:0.96:0.01`) or a comma list."""
     try:
         if ":" in spec:
             start, stop, step = (float(part) for part in spec.split(":"))
-            if step <= 0 or stop < start:
-                raise ValueError
+            if not (0 < start <= stop < 1 and step > 0) or (stop - start) / step > MAX_FRACTIONS:
+                raise ValueError  # (nan and inf fail the comparisons too)
             count = int(round((stop - start) / step)) + 1
             values = [round(start + i * step, 6) for i in range(count)]
         else:
             values = [float(part) for part in spec.split(",") if part.strip()]
     except ValueError:
-        raise PlanError(f"bad fraction range {spec!r}; use START:STOP:STEP like 0.90:0.96:0.01") from None
+        raise PlanError(f"bad fraction range {spec!r}; use START:STOP:STEP like 0.90:0.96:0.01 (0 < START <= STOP "
+                        f"< 1, at most {MAX_FRACTIONS} steps)") from None
     if not values or any(not 0 < value < 1 for value in values):
         raise PlanError(f"fractions must lie strictly between 0 and 1, got {spec!r}")
     return values

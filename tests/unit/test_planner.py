@@ -171,7 +171,9 @@ def test_default_chunk_ladder():
 def test_fraction_range_errors():
     assert planner.fraction_range("0.90:0.92:0.01") == [0.9, 0.91, 0.92]
     assert planner.fraction_range("0.9,0.95") == [0.9, 0.95]
-    for bad in ("0.9:0.8:0.01", "a:b:c", "1.2", "0.9:0.95:0"):
+    # (0.9:inf:0.01 escaped as an OverflowError traceback; a step of 1e-9 built a billion rows)
+    for bad in ("0.9:0.8:0.01", "a:b:c", "1.2", "0.9:0.95:0", "0.9:inf:0.01", "nan:0.95:0.01", "0.9:0.95:nan",
+                "0.5:0.99:1e-9", "-1:0.5:0.1", "0.9:0.95:-inf"):
         with pytest.raises(planner.PlanError):
             planner.fraction_range(bad)
 
