@@ -20,6 +20,11 @@ TARGET_MODULE = "sglang.srt.layers.attention.triton_backend"
 TARGET_CLASS = "TritonAttnBackend"
 
 
+# what says off without a word; any other value is off too, but said (a typo such as "2" or
+# "enable" must not leave an operator believing the kernel serves)
+OFF_VALUES = ("", "0", "false", "no", "off")
+
+
 def enabled() -> bool:
     return os.environ.get(ENV, "0").strip().lower() in ON_VALUES
 
@@ -83,5 +88,10 @@ def uninstall_hook() -> None:
 
 def autoload() -> None:
     """Entry of the .pth line: installs the hook only when the switch is on."""
+    value = os.environ.get(ENV)
     if enabled():
         install()
+    elif value is not None and value.strip().lower() not in OFF_VALUES:
+        sys.stderr.write(f"dflash_kernels: {ENV}={value!r} is neither on ({', '.join(ON_VALUES)}) nor off "
+                         f"({', '.join(v for v in OFF_VALUES if v)}): the verify kernel is off, SGLang's own "
+                         "verify path serves\n")

@@ -53,6 +53,11 @@ OFF_VALUES = ("0", "false", "no", "off")
 _CARD_VERDICTS: dict = {}
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    import torch
+    return isinstance(error, torch.OutOfMemoryError)
+
+
 class MlaVerify:
     """Callable with the signature of SGLang's verify fast paths. Returns True when it wrote ``o``,
     else whatever ``fallback`` returns (False when there is none: SGLang then runs
@@ -153,6 +158,14 @@ class MlaVerify:
             self._say_declined(self.last_reason)
             return decline()
         except Exception as error:  # noqa: BLE001 - a failure of ours must not take the scheduler down
+            if _out_of_memory(error):
+                # a larger workspace, mask or pointer copy found no memory this time: SGLang's path
+                # serves this call (its own buffers are allocated already); the kernel stays on, and
+                # the forward's plan is made again, as a layer may have stopped halfway through it
+                self.new_forward()
+                self.last_reason = f"no GPU memory for its buffers ({type(error).__name__}: {error})"
+                self._say_declined(self.last_reason)
+                return decline()
             # (e.g. a runtime Triton whose Gluon compiles these kernels differently): SGLang's own
             # path serves this call and every later one, and the log says why, once
             self.failed = f"{type(error).__name__}: {error}"

@@ -361,6 +361,29 @@ def test_a_kernel_that_fails_hands_this_call_and_the_rest_to_sglang(monkeypatch,
     assert plugin.MlaVerify()(**_args()) is False  # no fast path of SGLang's: its extend_attention_fwd
 
 
+def test_a_call_that_finds_no_gpu_memory_goes_to_sglang_and_the_kernel_stays_on(monkeypatch, caplog):
+    """An OutOfMemoryError (a larger batch's workspace at --mem-fraction-static 0.93) switched the
+    kernel off for every later call of the process; it is about that call alone, and the next
+    call plans its forward afresh."""
+    runs = []
+
+    def short_of_memory_once(*args, **kw):
+        runs.append(1)
+        if len(runs) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+    monkeypatch.setattr(va, "verify_attention", short_of_memory_once)
+    monkeypatch.setattr(va, "_device_info", lambda device: (9, 0, 132))
+    monkeypatch.setattr(plugin.MlaVerify, "unsupported", staticmethod(lambda *a, **kw: None))
+    verify = plugin.MlaVerify(fallback=lambda *a, **kw: "sglang's own fast path")
+    forwards = []
+    monkeypatch.setattr(verify, "new_forward", lambda: forwards.append(1))
+    with caplog.at_level("WARNING"):
+        assert verify(**_args()) == "sglang's own fast path"
+        assert verify(**_args()) is True
+    assert runs == [1, 1] and verify.failed is None and forwards == [1]
+    assert "no GPU memory for its buffers (OutOfMemoryError" in caplog.text
+
+
 def test_a_call_the_launcher_refuses_goes_to_sglang_and_the_kernel_stays_on(monkeypatch, caplog):
     """A ValueError of the launcher's checks (raised before anything is launched) is about that
     call: SGLang's path serves it, the next call is served by the kernel, and the log says so once
@@ -441,7 +464,8 @@ def test_a_plugin_that_cannot_load_leaves_sglangs_import_and_backend_alone(tmp_p
     assert "SGLang's own verify path serves" in caplog.text
 
 
-@pytest.mark.parametrize("value,on", [("1", True), ("True", True), ("yes", True), ("0", False), ("", False)])
+@pytest.mark.parametrize("value,on", [("1", True), ("True", True), ("yes", True), ("0", False), ("", False),
+                                      ("2", False), ("enable", False)])
 def test_pth_line(tmp_path, value, on):
     """The start-up line and enabled() read the switch alike (a YAML true renders as "True");
     neither way does it import torch: the line runs in every Python process of the container,
@@ -456,6 +480,10 @@ def test_pth_line(tmp_path, value, on):
     hooked, torch_loaded = r.stdout.split()
     assert hooked == str(on)
     assert torch_loaded == "False"
+    # a value that is neither on nor off (a typo) is off, and said: before, nothing told it from a
+    # deliberate off while SGLang's far slower path served every verify
+    typo = value not in ("1", "True", "yes", "0", "")
+    assert (f"{plugin.ENV}={value!r} is neither on" in r.stderr) is typo, r.stderr
     os.environ[plugin.ENV], before = value, os.environ.get(plugin.ENV)
     try:
         assert plugin.enabled() is on
