@@ -5,8 +5,8 @@
     opsctl guard pause --reason TEXT    stop acting (it keeps reading the journal)
     opsctl guard resume --reason TEXT   act again; lifts a stop and starts a new hour of budget
 
-Exit codes of `status`: 0 watching, 1 paused or acting, 2 stopped (an alert was raised) or not
-running, 3 never ran on this node, or its files cannot be read (they are root's).
+Exit codes of `status`: 0 watching, 1 paused or acting, 2 stopped (an alert was raised; paused
+as well or not) or not running, 3 never ran on this node, or its files cannot be read (they are root's).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ One loop, every `TICK_S`:
 2. Journal: feed new lines to the same `OomScanner` `opsctl oom` uses. A fatal line (SGLang's
    "Scheduler hit an exception", the launcher's SIGQUIT line, ...) or a unit that died
    (`UnitState.dead`, NRestarts grew) starts a death; it is decided as soon as the scanner
-   completes the incident (at the SIGQUIT line) or after `CLASSIFY_GRACE_S`.
+   completes the incident (at the SIGQUIT line) or after `CLASSIFY_GRACE_S`. A run that systemd
+   stopped on request (`systemctl stop`: `systemd.stop_requested`) did not die, however it ended
+   (past `docker stop`'s grace: killed, 137, unit "failed"): audited once, not acted on.
 3. Hang: /health_generate failing for `hang_timeout_s` (probe thread, `policy.HangDetector`)
    while the scheduler logs no batch for as long; failing probes beside logged batches are
    audited once as "busy-not-hung".
@@ -52,7 +54,7 @@ from opsctl.restart import (
 )
 from opsctl.startup_log import EngineConfig
 from opsctl.state import read_records
-from opsctl.systemd import UnitState, unit_state
+from opsctl.systemd import UnitState, stop_requested, unit_state
 
 TICK_S = 0.2
 # The state file's heartbeat: from its own thread, so that it goes on while a step runs (minutes);
@@ -65,7 +67,10 @@ CLASSIFY_GRACE_S = 1.5
 # Deaths that say the tuned values do not fit this node: a config a step tried that died of one
 # is passed over by later steps (until it is seen serving, or `guard resume`).
 CONFIG_CAUSES = (oom.ACTIVATION_SPIKE, oom.FRAGMENTATION, oom.STARTUP, oom.KV_POOL)
-_RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+\.\d+)")
+# SGLang 0.5.23 (kv_cache_configurator.py): "Raise --mem-fraction-static above 0.942 (minimum viable =
+# 1 - available/pre = 0.9411)". It needs a fraction strictly above the minimum; the value it names
+# is the minimum rounded up to 0.001.
+_RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+\.\d+)(?: \(minimum viable = [^=]*= (\d+\.\d+))?")
 
 
 @dataclasses.dataclass
@@ -105,6 +110,8 @@ def death_from(incidents: list[oom.Incident]) -> policy.Death:
     raise_to = None
     if (m := _RAISE_ABOVE.search(" ".join(best.lines + [best.detail]))) is not None:
         raise_to = float(m[1])
+        if m[2] is not None and float(m[2]) >= raise_to:  # the minimum was the named value itself (to 0.0001)
+            raise_to = round(raise_to + 0.001, 3)
     return policy.Death(best.classification, best.kind, best.detail[:300], raise_to)
 
 
@@ -133,11 +140,11 @@ class Guard:
                                  blind_restarts_last_hour=len(policy.in_last_hour(state["blind_restarts"], now)),
                                  failed=[values_from(v) for v in state["failed"]])
             if step.action == policy.STOP:
-                self.stop(step.why, death)
+                self._decided_stop(step.why, death)
                 return
             if policy.budget_left(state["remediations"], now, self.limits) <= 0:
-                self.stop(f"the remediation budget is spent ({self.limits.budget_per_hour} an hour); "
-                          f"the next step would have been: {step.why}", death)
+                self._decided_stop(f"the remediation budget is spent ({self.limits.budget_per_hour} an hour); "
+                                   f"the next step would have been: {step.why}", death)
                 return
             wait = policy.backoff_s(state["remediations"], now, self.limits)
             if wait > 0:
@@ -162,8 +169,8 @@ class Guard:
             death = dataclasses.replace(death, kind=death.kind or "crash loop")
             state = self.store.load()
             if policy.budget_left(state["remediations"], self.clock(), self.limits) <= 0:
-                self.stop(f"crash loop: the engine does not come up on {self._words(current)} and the "
-                          f"remediation budget is spent ({self.limits.budget_per_hour} an hour)", death)
+                self._decided_stop(f"crash loop: the engine does not come up on {self._words(current)} and the "
+                                   f"remediation budget is spent ({self.limits.budget_per_hour} an hour)", death)
                 return
             wait = policy.backoff_s(state["remediations"], self.clock(), self.limits)
             self.store.audit("backoff", seconds=round(wait, 1), next_step="restart as-is (the engine is down)")
@@ -174,6 +181,17 @@ class Guard:
             result = self.carry_out(step, death, current, blind=False)
             if result.outcome in ("ok", "deferred", "rolled_back"):
                 return
+
+    def _decided_stop(self, reason: str, death: policy.Death) -> None:
+        """Stop (and alert) on a verdict about a death, unless a pause came while it was decided:
+        as for a step, the pause wins and the verdict is dropped. A rollout pauses the guard around
+        its own restart and lifts only its pause afterwards (`resume --pause-only`); a stop made
+        meanwhile outlived it, on a verdict about the config the rollout replaced."""
+        why = held(self.store.load())
+        if why is not None:
+            self.store.audit("deferred", why=why, dropped_stop=reason)
+            return
+        self.stop(reason, death)
 
     def _why_not_act(self, decided_on: TunedValues, meanwhile: str, also: TunedValues | None = None) -> str | None:
         """Why a step decided on `decided_on` must not run now, or None: the guard was paused or
@@ -402,6 +420,9 @@ class SystemNode:
     def unit(self) -> UnitState:
         return unit_state(self.config.unit)
 
+    def stop_requested(self, unit: UnitState) -> bool:
+        return stop_requested(unit)
+
     def lock_holder(self) -> str | None:
         return locking.holder(self.config.state_dir, other_than=os.getpid())
 
@@ -571,6 +592,7 @@ class Watcher:
         self.busy_reported = False
         self.stopping = threading.Event()
         self._unit_active = False
+        self.stopped_run: str | None = None  # the unit's run (InvocationID) that systemd stopped on request
         self.prober = Prober(config, self.detector, lambda: self._unit_active)
         self._resync()
 
@@ -665,12 +687,23 @@ class Watcher:
         # (a busy engine logs KV-pool retractions by the thousand between deaths; a death is
         # judged from the incidents around it)
         del self.incidents[:-INCIDENTS_KEPT]
-        died = unit.dead or unit.restarts > self.restarts
+        died = (unit.dead and unit.invocation != self.stopped_run) or unit.restarts > self.restarts
         if died and self.fatal_at is None:
             self.fatal_at, self.fatal_wall, self.fatal_line = now, time.time(), f"unit {unit.sub_state}"
         if self.fatal_at is not None:
             complete = any(i.engine_killed or i.kind == "killed" for i in self.incidents)
             if complete or now - self.fatal_at >= CLASSIFY_GRACE_S:
+                if self.node.stop_requested(unit):
+                    # an operator's `systemctl stop`: whatever the engine logged or exited with on its
+                    # way down, systemd does not restart this run, and neither does the guard
+                    self.stopped_run = unit.invocation
+                    self.store.audit("stopped-on-request", invocation=unit.invocation,
+                                     unit_state=f"{unit.active_state}/{unit.sub_state}", result=unit.result,
+                                     exit_status=unit.exit_status, first_fatal_line=self.fatal_line,
+                                     why="systemd stopped the engine on request (a stop job); not a death, the "
+                                         "guard leaves it stopped")
+                    self._resync()
+                    return
                 self.incidents.extend(self.scanner.flush())
                 death = death_from(self.incidents)
                 seen = {"first_fatal_line": self.fatal_line, "first_fatal_at": self.fatal_wall,

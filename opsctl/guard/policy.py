@@ -9,6 +9,8 @@ miss), one rung per death, from the config in force:
 
 1. enable expandable_segments (gives fragmented blocks back, costs nothing);
 2. halve --chunked-prefill-size, down to `chunk_floor` (a smaller spike, slower long prefills);
+   with chunking off (-1), first turn it on at `DEFAULT_CHUNK`: an unchunked prefill's spike
+   grows with the whole prompt, and no other rung bounds it;
 3. lower --mem-fraction-static by `fraction_step`, down to the lowest fraction whose KV pool
    still holds the context target per the planner (more headroom, a smaller pool).
 
@@ -16,7 +18,8 @@ Past the last rung the ladder is exhausted: stop and alert. Because each rung is
 the config in force, a replayed decision after a restart of the guard gives the same step.
 
 A startup KV allocation failure moves the fraction the other way: "no GPU memory for the KV
-cache" raises it (to the value SGLang names, at most `fraction_max`); a CUDA OOM while the pool
+cache" raises it (to the value SGLang names, its smallest fraction with room for a pool, at most
+`fraction_max`; by `fraction_step` where it names none); a CUDA OOM while the pool
 and graphs are allocated lowers it by one step (not below the planner's lowest fraction).
 
 Any other death (illegal memory access, NCCL, a kill with no cause in view, host OOM) and a hang
@@ -26,7 +29,6 @@ get an as-is restart, at most `max_blind_restarts` an hour; then stop and alert,
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Sequence
 
 from opsctl import oom
@@ -48,6 +50,7 @@ STOP = "stop"  # do nothing more; alert
 
 # Rungs (recorded in the audit log; stable names).
 EXPANDABLE = "expandable_segments"
+ENABLE_CHUNK = "enable_chunking"
 HALVE_CHUNK = "halve_chunk"
 LOWER_FRACTION = "lower_fraction"
 RAISE_FRACTION = "raise_fraction"
@@ -62,7 +65,7 @@ class Death:
     cause: str  # an oom classification, HANG or NO_CAUSE
     kind: str = ""  # the incident's kind (cuda_oom, startup_no_kv_memory, nccl_error, killed, ...)
     detail: str = ""
-    raise_to: float | None = None  # "Raise --mem-fraction-static above X" when SGLang named it
+    raise_to: float | None = None  # the fraction SGLang's "Raise --mem-fraction-static above X" asks for
 
     @property
     def known_memory_cause(self) -> bool:
@@ -77,7 +80,12 @@ class Step:
     why: str
 
 
-def complete(values: TunedValues, default_chunk: int = 8192) -> TunedValues:
+# SGLang's --chunked-prefill-size where none is set, on GPUs of 60 to 160 GiB (the RTX PRO 6000, the
+# H200); also where the ladder turns chunking on.
+DEFAULT_CHUNK = 8192
+
+
+def complete(values: TunedValues, default_chunk: int = DEFAULT_CHUNK) -> TunedValues:
     """The config in force with SGLang's defaults where nothing sets a value."""
     return TunedValues(values.mem_fraction_static, values.chunked_prefill_size or default_chunk,
                        bool(values.expandable_segments))
@@ -95,6 +103,11 @@ def activation_rungs(current: TunedValues, limits: GuardConfig,
         values = dataclasses.replace(values, expandable_segments=True)
         yield EXPANDABLE, values, "enable expandable_segments: fragmented blocks can serve the spike"
     chunk = values.chunked_prefill_size or 0
+    if chunk < 0:  # -1: chunking off, a prefill's spike is the whole prompt's
+        chunk = max(limits.chunk_floor, DEFAULT_CHUNK)
+        values = dataclasses.replace(values, chunked_prefill_size=chunk)
+        yield ENABLE_CHUNK, values, (f"turn chunked prefill on at {chunk} tokens: an unchunked prefill's spike grows "
+                                     "with the whole prompt")
     while chunk > limits.chunk_floor:
         chunk = max(limits.chunk_floor, chunk // 2)
         values = dataclasses.replace(values, chunked_prefill_size=chunk)
@@ -147,9 +160,13 @@ def _startup_step(death: Death, current: TunedValues, limits: GuardConfig,
     if fraction is None:
         return Step(STOP, NONE, None, "a startup allocation failed and the fraction in force is unknown")
     if death.kind == "startup_no_kv_memory":
-        target = max(round(fraction + limits.fraction_step, 3),
-                     math.floor(death.raise_to * 100 + 1) / 100 if death.raise_to else 0.0)
-        target = round(target, 3)
+        # The value SGLang names is already its smallest with room for a pool (`death_from`): going
+        # higher only takes headroom from the activations (before: the next 0.01 above it, which
+        # passed `fraction_max` when SGLang named the maximum itself).
+        if death.raise_to is not None and death.raise_to > fraction:
+            target = round(death.raise_to, 3)
+        else:
+            target = round(fraction + limits.fraction_step, 3)
         values = dataclasses.replace(current, mem_fraction_static=target)
         if target > limits.fraction_max or values in failed:
             return Step(STOP, NONE, None, f"the weights leave no room for the KV pool at {fraction}; raising it to "

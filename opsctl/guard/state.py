@@ -155,15 +155,30 @@ class GuardStore:
 
     def resume(self, reason: str, pause_only: bool = False) -> dict[str, Any]:
         """Lift a pause and a stop; a new hour of budget starts (a person looked). With
-        `pause_only` (a rollout that paused the guard for its own restarts), only the pause."""
+        `pause_only` (a rollout that paused the guard for its own restarts), only the pause.
+
+        A resume after a stop starts afresh: a step the stop cut short (the guard failed in the
+        middle of it) is dropped and audited, never finished later. Before, it stayed in the state
+        file, and the guard's next start replayed it on whatever the engine ran by then, uncharged."""
+        dropped = None
         with self.update() as state:
             before = {"paused": state["paused"], "stopped": None if pause_only else state["stopped"]}
             state["paused"] = None
             if not pause_only:
                 if state["status"] == STOPPED:
                     state["status"] = WATCHING
+                    # (only a stopped guard's: a guard that is acting, or was killed while acting,
+                    # finishes its step, or `resume_pending` drops it)
+                    dropped, state["pending"] = state["pending"], None
+                    if dropped:
+                        state["last_step"] = {"id": dropped["id"], "rung": dropped["rung"], "outcome": "dropped",
+                                              "from": dropped["from"], "to": dropped["to"], "at": time.time()}
                 state["stopped"] = None
                 state["remediations"], state["blind_restarts"], state["failed"] = [], [], []
+        if dropped:
+            self.audit("outcome", step_id=dropped["id"], outcome="dropped", to=dropped["to"], phase=dropped["phase"],
+                       why="the guard was stopped in the middle of this step; `guard resume` starts afresh, "
+                           "the step is not finished")
         self.audit("resumed", reason=reason, pause_only=pause_only, **before)
         return before
 
@@ -179,12 +194,15 @@ def summary(config: NodeConfig, now: float | None = None) -> dict[str, Any]:
     state = store.load()
     heartbeat = state.get("heartbeat")
     alive = heartbeat is not None and now - heartbeat < max(30.0, 3 * config.guard.probe_interval_s)
-    shown = "paused" if state["paused"] else state["status"]
+    # a stop outranks a pause: it needs a person (`guard resume`), a pause only ends (a rollout's)
+    shown = STOPPED if state["status"] == STOPPED else "paused" if state["paused"] else state["status"]
     if not alive and shown != STOPPED:
         shown = f"{shown} (not running)"
     problem = None
     if state["status"] == STOPPED:
         problem = f"guard stopped: {state['stopped']['reason'] if state['stopped'] else 'see opsctl guard history'}"
+        if state["paused"]:
+            problem += f" (also paused by {state['paused']['by']}: {state['paused']['reason']})"
     elif state["paused"]:
         problem = f"guard paused by {state['paused']['by']}: {state['paused']['reason']}"
     elif not alive:

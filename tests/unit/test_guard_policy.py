@@ -34,14 +34,51 @@ def test_failed_configs_are_passed_over():
     assert (step.rung, step.to) == ("halve_chunk", TunedValues(0.94, 4096, True))
 
 
+def test_with_chunking_off_the_ladder_turns_it_on_then_halves_it():
+    """--chunked-prefill-size -1: an unchunked prefill's spike is the whole prompt's. The ladder
+    went from expandable segments straight to the fraction, then stopped "exhausted at chunk -1"."""
+    steps, current = [], TunedValues(0.95, -1, False)
+    while (step := policy.decide(OOM, current, LIMITS, lowest_fraction=lambda: 0.94)).action == policy.TUNE:
+        steps.append((step.rung, step.to))
+        current = step.to
+    assert steps == [
+        ("expandable_segments", TunedValues(0.95, -1, True)),
+        ("enable_chunking", TunedValues(0.95, 8192, True)),
+        ("halve_chunk", TunedValues(0.95, 4096, True)),
+        ("halve_chunk", TunedValues(0.95, 2048, True)),
+        ("lower_fraction", TunedValues(0.94, 2048, True)),
+    ]
+    # no room to lower the fraction: chunking is still a rung, not "exhausted"
+    step = policy.decide(OOM, TunedValues(0.95, -1, True), LIMITS, lowest_fraction=lambda: 0.95)
+    assert (step.action, step.rung, step.to) == (policy.TUNE, "enable_chunking", TunedValues(0.95, 8192, True))
+
+
 def test_startup_no_kv_raises_the_fraction_and_oom_lowers_it():
     no_kv = policy.Death(oom.STARTUP, "startup_no_kv_memory", raise_to=0.789)
     step = policy.decide(no_kv, TunedValues(0.7, 8192, True), LIMITS)
-    assert (step.rung, step.to.mem_fraction_static) == ("raise_fraction", 0.79)
+    assert (step.rung, step.to.mem_fraction_static) == ("raise_fraction", 0.789)
     assert policy.decide(no_kv, TunedValues(0.95, 8192, True), LIMITS).action == policy.STOP
     warmup = policy.Death(oom.STARTUP, "cuda_oom")
     step = policy.decide(warmup, TunedValues(0.97, 8192, True), LIMITS, lowest_fraction=lambda: 0.926)
     assert (step.rung, step.to.mem_fraction_static) == ("lower_fraction", 0.96)
+
+
+def test_a_startup_without_room_for_the_pool_raises_the_fraction_to_the_value_sglang_names():
+    """SGLang names the minimum already rounded up to 0.001 ("Raise --mem-fraction-static above
+    0.942"): the guard raised it to the next 0.01 above (0.95), taking headroom for nothing, and
+    a named 0.950, the guard's maximum, became 0.96 and stopped the guard."""
+    def named(value):
+        return policy.Death(oom.STARTUP, "startup_no_kv_memory", raise_to=value)
+    for fraction in (0.93, 0.935):
+        step = policy.decide(named(0.942), TunedValues(fraction, 4096, True), LIMITS)
+        assert (step.action, step.rung, step.to.mem_fraction_static) == (policy.TUNE, "raise_fraction", 0.942)
+    step = policy.decide(named(0.95), TunedValues(0.93, 4096, True), LIMITS)
+    assert (step.action, step.to.mem_fraction_static) == (policy.TUNE, 0.95)
+    step = policy.decide(named(0.951), TunedValues(0.93, 4096, True), LIMITS)
+    assert step.action == policy.STOP and "0.951" in step.why
+    # none named: one step up
+    step = policy.decide(named(None), TunedValues(0.93, 4096, True), LIMITS)
+    assert (step.action, step.to.mem_fraction_static) == (policy.TUNE, 0.94)
 
 
 def test_unknown_causes_restart_as_is_then_stop():

@@ -446,3 +446,86 @@ def test_the_stop_alert_says_whether_the_engine_is_down(tmp_path, unit, words):
     message = sent[0]["message"]
     assert words in message and "fraction 0.94, chunk 8192, expandable_segments False" in message
     assert "left on the last config that served" not in message
+
+
+def test_a_step_the_guard_stopped_in_the_middle_of_is_dropped_by_resume_not_replayed(setup):
+    """The guard failed in the middle of a step (`systemctl show` timed out): the loop stops it,
+    leaving the step in the state file. `guard resume` starts afresh: before, the step stayed, and
+    the guard's next start (days later, a reboot) replayed it on a healthy engine, uncharged."""
+    _, store, make, _ = setup
+    pending = _kill_mid_step(make, store)  # (stands for the exception the loop catches)
+    _, guard = make([])
+    guard.stop("the guard failed while judging the engine (TimeoutExpired: ...)", None)
+    store.resume("rollout r1 done", pause_only=True)  # a rollout's lifts no stop, drops nothing
+    assert store.load()["pending"] == pending
+    store.resume("operator looked")
+    state = store.load()
+    assert state["pending"] is None and state["status"] == "watching"
+    assert state["last_step"]["id"] == pending["id"] and state["last_step"]["outcome"] == "dropped"
+    outcome = [r for r in store.records() if r["event"] == "outcome"][-1]
+    assert (outcome["step_id"], outcome["outcome"]) == (pending["id"], "dropped")
+    node, guard = make([ApplyResult(True, "ok", "healthy", 3.0)])
+    node.serving = True
+    guard.resume_pending()  # the guard's next start
+    assert node.applied == []
+
+
+def test_a_stop_decided_while_a_pause_came_is_dropped(setup):
+    """The ladder is exhausted, but a rollout paused the guard while it decided (the planner reads
+    the journal for up to a minute): the pause wins, as over a step. Before, the guard stopped and
+    alerted, and the rollout's `resume --pause-only` left it stopped."""
+    _, store, make, alerts = setup
+    node, guard = make([])
+    node.values = TunedValues(0.934, 2048, True)  # the ladder at its floor
+
+    def lowest():
+        store.pause("rollout fraction-0.93")
+        return 0.934
+    node.lowest_fraction = lowest
+    guard.on_death(policy.Death(oom.ACTIVATION_SPIKE, "cuda_oom"), {})
+    assert alerts == [] and store.load()["status"] == "watching"
+    deferred = store.records()[-1]
+    assert deferred["event"] == "deferred" and "exhausted" in deferred["dropped_stop"]
+    store.resume("rollout done", pause_only=True)
+    assert held(store.load()) is None
+
+
+def test_a_stopped_guard_reads_stopped_even_while_paused(tmp_path, node_config):
+    """A rollout pauses a guard that is stopped: `guard status` said "paused" and exited 1,
+    where a stop (an alert, a person needed) exits 2."""
+    from click.testing import CliRunner
+
+    from opsctl.cli import cli
+
+    node_config()
+    store = GuardStore(tmp_path / "state")
+    with store.update() as state:
+        state["status"], state["stopped"] = STOPPED, {"reason": "budget spent", "at": time.time(), "alert_id": "x"}
+        state["heartbeat"] = time.time()
+    store.pause("rollout r1")
+    result = CliRunner().invoke(cli, ["guard", "status", "--json"])
+    assert result.exit_code == 2, result.output
+    assert '"state": "stopped"' in result.output and "also paused by" in result.output
+
+
+_NO_KV = [
+    "[2026-05-31 10:20:01] server_args={'model_path': '/models/Kimi-K2.6', 'mem_fraction_static': 0.93, "
+    "'chunked_prefill_size': 4096, 'tp_size': 8}",
+    "[2026-05-31 10:20:40 TP0] Load weight begin. avail mem=93.41 GB",
+    "[2026-05-31 10:24:11 TP0] Load weight end. elapsed=210.55 s, type=DeepseekV3ForCausalLM, avail mem=5.40 GB, "
+    "mem usage=88.01 GB.",
+    "[2026-05-31 10:24:12 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+    "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.93. Raise "
+    "--mem-fraction-static above 0.942 (minimum viable = 1 - available/pre = 0.9411). If using speculative "
+    "decoding, draft weights are now counted.",
+    "[2026-05-31 10:24:13] Received sigquit from a child process. It usually means the child failed.",
+]
+
+
+@pytest.mark.parametrize("minimum, raise_to", [("0.9411", 0.942), ("0.9420", 0.943)])
+def test_the_fraction_sglang_names_is_read_from_its_message(minimum, raise_to):
+    """SGLang 0.5.23 names ceil(minimum, 0.001) and needs a fraction strictly above the minimum:
+    the named value, unless the minimum was that value itself."""
+    lines = [line.replace("0.9411", minimum) for line in _NO_KV]
+    death = death_from(oom.analyze(lines))
+    assert (death.kind, death.raise_to) == ("startup_no_kv_memory", raise_to)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
-from opsctl import oom
+from opsctl import oom, systemd
 from opsctl.config import GuardConfig, NodeConfig
 from opsctl.guard import daemon
 from opsctl.guard.state import STOPPED, GuardStore
@@ -71,6 +71,10 @@ class FakeNode:
         self.unit_reads += 1
         state = ("active", "running") if self.active else ("activating", "auto-restart")
         return UnitState("sglang.service", "loaded", *state, "success", 0, 1, 0, "enabled", datetime.now(timezone.utc))
+
+    def stop_requested(self, unit):
+        """systemd's "Stopping ..." of a stop job in the journal (the fake's journal holds one run)."""
+        return any("systemd[1]: Stopping " in line for line in self.journal.lines)
 
     def lock_holder(self):
         return None
@@ -297,3 +301,83 @@ def test_the_probes_own_prefills_are_not_work_for_clients():
     assert oom.scheduler_working(probe.replace("#new-token: 1,", "#new-token: 4096,"))
     assert oom.scheduler_working(probe.replace("#running-req: 0,", "#running-req: 3,"))
     assert oom.scheduler_working(prefix + "Decode batch, #running-req: 1, #token: 8192, token usage: 0.04")
+
+
+def test_a_run_that_systemd_stopped_on_request_is_not_a_death(tmp_path, monkeypatch):
+    """`systemctl stop` while a long request runs: SGLang waits for it, `docker stop`'s grace runs
+    out, the container is killed and `docker run` exits 137, so the unit ends "failed" with no job,
+    as after a death. Before, the guard restarted the engine the operator had stopped. A kernel OOM
+    kill (137 as well) of a run nobody stopped is still a death."""
+    journal = FakeJournal(STARTUP)
+    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
+    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9")
+    node, store = FakeNode(journal), GuardStore(tmp_path)
+    guard = RecordingGuard(store)
+    loop = daemon.Watcher(config, guard=guard, node=node)
+    asked = []
+    node.stop_requested = lambda unit: asked.append(unit.invocation) or unit.invocation == "run-1"
+    stopped = dataclasses.replace(node.unit(), active_state="failed", sub_state="failed", result="exit-code",
+                                  exit_status=137, invocation="run-1")
+    for t in (1.0, 1.0 + 2 * daemon.CLASSIFY_GRACE_S, 10.0, 10.0 + 2 * daemon.CLASSIFY_GRACE_S):
+        loop._tick([], stopped, t)
+    assert guard.deaths == []
+    records = [r for r in store.records() if r["event"] == "stopped-on-request"]
+    assert len(records) == 1 and records[0]["invocation"] == "run-1"  # said once, not each tick
+    assert asked == ["run-1"]
+    # the operator starts it again; the new run is OOM-killed by the kernel, with no stop job
+    killed = dataclasses.replace(stopped, active_state="activating", sub_state="auto-restart", invocation="run-2")
+    loop._tick([], killed, 20.0)
+    loop._tick([], killed, 20.0 + 2 * daemon.CLASSIFY_GRACE_S)
+    assert [d.cause for d in guard.deaths] == [oom.UNKNOWN]
+
+
+def _journalctl(monkeypatch, records=(), error=None):
+    """systemd.stop_requested's journalctl: `records` (PID 1's entries for the run), or `error`."""
+    import json
+    import subprocess
+
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        if error is not None:
+            raise error
+        return subprocess.CompletedProcess(command, 0, "".join(json.dumps(r) + "\n" for r in records), "")
+    monkeypatch.setattr(systemd.subprocess, "run", run)
+    return commands
+
+
+BEGAN = {"MESSAGE_ID": systemd.STOP_JOB_BEGAN, "JOB_TYPE": "stop"}
+
+
+@pytest.mark.parametrize("records, requested", [
+    ([BEGAN], True),  # a stop job under way, or journald has not written its end yet
+    ([BEGAN, {"MESSAGE_ID": systemd.STOP_JOB_FINISHED, "JOB_TYPE": "stop"}], True),
+    ([{"MESSAGE_ID": systemd.STOP_JOB_FINISHED, "JOB_TYPE": "stop"}], True),  # stopped while starting: no "Stopping"
+    ([BEGAN, {"MESSAGE_ID": systemd.STOP_JOB_FINISHED, "JOB_TYPE": "restart"}], False),  # a restart wants it up
+    ([], False),  # a death: no stop job on this run
+], ids=["began", "finished", "stopped-while-starting", "restart", "none"])
+def test_stop_requested_reads_systemds_stop_jobs_for_the_run(monkeypatch, records, requested):
+    unit = UnitState("sglang.service", "loaded", "failed", "failed", "exit-code", 0, 0, 137, "enabled", None,
+                     invocation="0a1b2c")
+    commands = _journalctl(monkeypatch, records)
+    assert systemd.stop_requested(unit) is requested
+    assert {"_PID=1", "UNIT=sglang.service", "INVOCATION_ID=0a1b2c", f"MESSAGE_ID={systemd.STOP_JOB_BEGAN}",
+            f"MESSAGE_ID={systemd.STOP_JOB_FINISHED}"} <= set(commands[0])
+
+
+@pytest.mark.parametrize("invocation, error", [
+    ("0a1b2c", FileNotFoundError(2, "No such file or directory", "journalctl")),
+    ("0a1b2c", "timeout"),
+    ("", None),  # a run systemd named no id: nothing to look up
+], ids=["no-journalctl", "timeout", "no-run-id"])
+def test_a_journal_that_cannot_say_leaves_a_death_a_death(monkeypatch, invocation, error):
+    import subprocess
+
+    if error == "timeout":
+        error = subprocess.TimeoutExpired(["journalctl"], 10)
+    unit = UnitState("sglang.service", "loaded", "failed", "failed", "exit-code", 0, 0, 137, "enabled", None,
+                     invocation=invocation)
+    commands = _journalctl(monkeypatch, [BEGAN], error)
+    assert systemd.stop_requested(unit) is False
+    assert len(commands) == (1 if invocation else 0)
