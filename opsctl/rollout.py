@@ -102,6 +102,13 @@ def playbook_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 # -- progress ---------------------------------------------------------------------------------------
+# The rollout role names its tasks "Step: what it does"; the jsonl callback puts the role in front.
+_ROLE_PREFIX = re.compile(r"^[\w.-]+ : ")
+_PHASE = re.compile(r"^([A-Z][\w-]*): ")
+# The steps before a node's files change: a node unreachable in them was not changed.
+PHASES_BEFORE_CHANGE = ("Plan", "Stop", "Resume", "Pre-check")
+
+
 @dataclasses.dataclass
 class TaskEvent:
     """One host's result of one task, from the jsonl callback."""
@@ -113,10 +120,16 @@ class TaskEvent:
     diffs: list[dict]
 
     @property
-    def phase(self) -> str:
-        """The part of the task name before ':' (the role names its steps that way)."""
-        head, sep, _ = self.task.partition(":")
-        return head.strip() if sep else self.task
+    def name(self) -> str:
+        """The task's own name: the callback names a role's task "ROLE : NAME" ("rollout : Drain: wait ...")."""
+        return _ROLE_PREFIX.sub("", self.task, count=1)
+
+    @property
+    def phase(self) -> str | None:
+        """The step of the rollout ("Drain" of "rollout : Drain: wait ..."); None for a task whose
+        name starts with no step (the sglang role's tasks that the pre-check includes)."""
+        match = _PHASE.match(self.name)
+        return match[1] if match else None
 
 
 def parse_events(lines: Iterator[str]) -> Iterator[TaskEvent]:

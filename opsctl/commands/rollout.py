@@ -81,13 +81,15 @@ def _follow(process: subprocess.Popen, log, lost: set[str]) -> dict[str, list[st
                 diffs.setdefault(event.host, []).append(text)
         if event.outcome == "skipped":
             continue
-        if event.outcome == "unreachable" and event.phase not in ("Plan", "Pre-check"):
+        # a task named without a step (the sglang role's, in the pre-check) is part of the host's current one
+        phase = event.phase or phases.get(event.host, "")
+        if event.outcome == "unreachable" and phase not in ro.PHASES_BEFORE_CHANGE:
             lost.add(event.host)  # (unreachable at its pre-check, nothing had changed on it)
         if event.outcome in ("failed", "unreachable"):
-            err_console.print(f"  {event.host}: [red]{event.task}[/red] {event.message[:400]}", soft_wrap=True)
-        elif phases.get(event.host) != event.phase:
-            phases[event.host] = event.phase
-            err_console.print(f"  {event.host}: {event.phase} (+{time.monotonic() - started:.0f} s)")
+            err_console.print(f"  {event.host}: [red]{event.name}[/red] {event.message[:400]}", soft_wrap=True)
+        elif phase and phases.get(event.host) != phase:
+            phases[event.host] = phase
+            err_console.print(f"  {event.host}: {phase} (+{time.monotonic() - started:.0f} s)")
     return diffs
 
 

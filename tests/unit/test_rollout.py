@@ -55,23 +55,50 @@ def test_default_state_dir_sits_next_to_the_inventory(tmp_path):
 
 
 def test_parse_events_reads_jsonl_results_and_diffs():
+    # (task names as the ansible.posix.jsonl callback writes them: "ROLE : NAME" for a role's task)
     lines = [
         "[WARNING]: something on stderr",
-        json.dumps({"_event": "v2_playbook_on_task_start", "task": {"name": "Drain: wait"}, "hosts": {}}),
-        json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Drain: wait until idle."},
+        json.dumps({"_event": "v2_playbook_on_task_start", "task": {"name": "rollout : Drain: wait"}, "hosts": {}}),
+        json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "rollout : Drain: wait until idle."},
                     "hosts": {"n1": {"changed": False}}}),
-        json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Render: write the environment file."},
+        json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "rollout : Render: write the environment file."},
                     "hosts": {"n1": {"changed": True, "diff": [
                         {"before": "A=1\n", "after": "A=2\n", "before_header": "/etc/x", "after_header": "/etc/x"}]}}}),
-        json.dumps({"_event": "v2_runner_on_failed", "task": {"name": "Restart: restart the engine."},
+        json.dumps({"_event": "v2_runner_on_failed", "task": {"name": "rollout : Restart: restart the engine."},
                     "hosts": {"n2": {"msg": "Job failed"}}}),
+        json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "sglang : Read the opsctl overrides."},
+                    "hosts": {"n3": {"changed": False}}}),
+        json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Pre-check: report opsctl overrides on the node."},
+                    "hosts": {"n3": {"changed": False}}}),
     ]
     events = list(ro.parse_events(iter(lines)))
     assert [(e.host, e.phase, e.outcome) for e in events] == [
-        ("n1", "Drain", "ok"), ("n1", "Render", "changed"), ("n2", "Restart", "failed")]
+        ("n1", "Drain", "ok"), ("n1", "Render", "changed"), ("n2", "Restart", "failed"), ("n3", None, "ok"),
+        ("n3", "Pre-check", "ok")]
+    assert [e.name for e in events[2:4]] == ["Restart: restart the engine.", "Read the opsctl overrides."]
     assert events[2].message == "Job failed"
     text = ro.unified_diff(events[1].diffs[0])
     assert "-A=1\n" in text and "+A=2\n" in text
+
+
+def test_the_rollout_roles_task_names_start_with_a_step():
+    """The progress and the "lost mid-change" check read the step from each task name: a task of
+    the rollout role named without one would be taken for a change in progress."""
+    import yaml
+
+    def names(tasks):
+        for task in tasks:
+            if "name" in task and not {"block", "ansible.builtin.import_tasks"} & task.keys():
+                yield task["name"]
+            for key in ("block", "rescue", "always"):
+                yield from names(task.get(key, []))
+    for path in (REPO / "ansible" / "roles" / "rollout" / "tasks").glob("*.yml"):
+        if path.name == "keep_record.yml":  # (site.yml's, not the rollout's)
+            continue
+        for name in names(yaml.safe_load(path.read_text())):
+            event = ro.TaskEvent("n1", f"rollout : {name}", "ok", "", [])
+            assert event.phase in {*ro.PHASES_BEFORE_CHANGE, "Render", "Guard", "Drain", "Restart", "Verify",
+                                   "Record", "Rollback"}, (path.name, name)
 
 
 def test_summary_of_a_stopped_rollout(tmp_path):
@@ -137,7 +164,7 @@ def fake_playbook(tmp_path, monkeypatch):
             if self.results:  # each run writes its own plan, as validate.yml does (its run: a timestamp)
                 write_run(run_dir, list(self.results), {h: r for h, r in self.results.items() if r},
                           run=f"r{len(calls)}")
-            self.stdout = iter([json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "Drain: wait."},
+            self.stdout = iter([json.dumps({"_event": "v2_runner_on_ok", "task": {"name": "rollout : Drain: wait."},
                                             "hosts": {"n1": {}}}) + "\n"])
 
         def wait(self, timeout=None):
@@ -275,7 +302,8 @@ def test_cli_a_node_lost_mid_change_is_reported_and_exits_3(fake_playbook):
 
     def init(self, argv, **kwargs):
         real_init(self, argv, **kwargs)
-        self.stdout = iter([json.dumps({"_event": "v2_runner_on_unreachable", "task": {"name": "Restart: restart."},
+        self.stdout = iter([json.dumps({"_event": "v2_runner_on_unreachable",
+                                        "task": {"name": "rollout : Restart: restart."},
                                         "hosts": {"n2": {"msg": "ssh: connect to host n2 port 22: No route"}}}) + "\n"])
     popen.__init__ = init
     result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab"),
@@ -318,19 +346,60 @@ def test_cli_a_second_ctrl_c_while_the_playbook_stops_still_exits_3(fake_playboo
     assert "interrupted" in result.stderr and "Aborted" not in result.output
 
 
-@pytest.mark.parametrize("task, lost", [("Restart: restart.", True), ("Pre-check: probe health.", False)])
+@pytest.mark.parametrize("task, lost", [
+    ("rollout : Restart: restart.", True),
+    ("rollout : Pre-check: probe health.", False),
+    # the sglang role's task that the pre-check includes: still the pre-check
+    ("sglang : Ensure the override file exists (opsctl owns its content).", False),
+], ids=["restart", "pre-check", "pre-check-sglang-task"])
 def test_cli_the_only_node_lost_mid_change_is_not_nothing_changed(fake_playbook, task, lost):
     """Production's one node unreachable mid-restart, no result anywhere: it was "stopped before
-    changing any node" (exit 2); unreachable at its pre-check, it is."""
+    changing any node" (exit 2); unreachable at its pre-check, it is. The jsonl callback names the
+    tasks "rollout : Pre-check: ...": read as the step "rollout", every unreachable node was lost."""
     ansible, popen, _ = fake_playbook
     popen.results = {"n1": {}}
     real_init = popen.__init__
 
     def init(self, argv, **kwargs):
         real_init(self, argv, **kwargs)
-        self.stdout = iter([json.dumps({"_event": "v2_runner_on_unreachable", "task": {"name": task},
-                                        "hosts": {"n1": {"msg": "ssh: connect to host n1 port 22: No route"}}}) + "\n"])
+        self.stdout = iter([json.dumps(event) + "\n" for event in (
+            {"_event": "v2_runner_on_ok", "task": {"name": "rollout : Plan: check that the requested values are in range."},
+             "hosts": {"n1": {}}},
+            {"_event": "v2_runner_on_ok", "task": {"name": "rollout : Pre-check: note the start time."},
+             "hosts": {"n1": {}}},
+            {"_event": "v2_runner_on_unreachable", "task": {"name": task},
+             "hosts": {"n1": {"msg": "ssh: connect to host n1 port 22: No route"}}})])
     popen.__init__ = init
     result = CliRunner().invoke(cli, ["rollout", "--fraction", "0.93", "-i", str(ansible / "inventories" / "lab")])
     assert result.exit_code == (3 if lost else 2), result.output
+    assert "n1: Plan (+" in result.stderr and "n1: Pre-check (+" in result.stderr  # the progress advances
     assert ("n1 became unreachable during its change" in " ".join(result.stderr.split())) is lost
+
+
+def test_a_node_that_fails_in_a_batch_of_two_stops_the_rollout(tmp_path):
+    """--batch 2: n2 refused at its pre-check (rescue, then fail, then the guard's `always`) while
+    n1 of its batch ended fine. Ansible does not count such a host toward max_fail_percentage 0 and
+    ended the play only when a whole batch failed, so n3 and n4 were changed after it. The real
+    rollout.yml on local "nodes", run as opsctl runs it: n1 is skipped as done earlier (resume), n2
+    fails before its probe (its override file's folder is missing): no engine or Docker needed."""
+    import subprocess
+
+    state = tmp_path / "state"
+    write_run(state / "t", ["n1"], {"n1": {"status": "done", "finished": "earlier"}}, run="r1")
+    (tmp_path / "hosts.ini").write_text(
+        "[dflash]\nn1\nn2\nn3\nn4\n[dflash:vars]\nansible_connection=local\nansible_become=false\n"
+        f"ansible_python_interpreter={sys.executable}\nrollout_backup_dir={tmp_path / 'backup'}\n"
+        f"sglang_override_env_file={tmp_path / 'missing' / 'override.env'}\n")
+    argv = ro.playbook_command(inventory=tmp_path / "hosts.ini", limit="dflash", change=ro.Change(fraction=0.9),
+                               name="t", state_dir=state, batch=2, check=False, resume=True,
+                               playbook_dir=REPO / "ansible")
+    result = subprocess.run(argv, cwd=REPO / "ansible", capture_output=True, text=True, timeout=300, check=False,
+                            env={**ro.playbook_env(), "PATH": "/usr/bin:/bin"})  # (no docker, should the probe run)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out[-3000:]
+    assert sorted(path.name for path in (state / "t" / "hosts").iterdir()) == ["n1.json", "n2.json"], out[-3000:]
+    summary = ro.summarize(state / "t")
+    assert [(n.host, n.status) for n in summary.nodes] == [
+        ("n1", ro.DONE_EARLIER), ("n2", "refused"), ("n3", ro.NOT_REACHED), ("n4", ro.NOT_REACHED)]
+    assert summary.exit_code == ro.EXIT_USAGE  # refused before this run changed any node
+    assert "n3 is not touched: the rollout stopped at n2 (refused) in an earlier batch" in " ".join(out.split())
