@@ -2,6 +2,7 @@
 inventory's values with one value changed: a bad one stops the play before any node is touched."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,26 @@ def test_a_bad_value_stops_the_play_with_what_to_do(checks, values, message):
     assert message in " ".join(result.stdout.split()), result.stdout[-3000:]
 
 
+# systemd's EnvironmentFile= parser changes such values: "C:\\x\\" joins the next line (the next
+# variable) to it, backslashes and surrounding quotes vanish, a YAML true arrives as "True".
+@pytest.mark.parametrize("value", ["/data\\", "a\\nb", '"quoted"', "it's", " x", "x ", "x\t", True, 1.10, None],
+                         ids=["trailing-backslash", "backslash", "double-quotes", "single-quote", "leading-space",
+                              "trailing-space", "trailing-tab", "bool", "float", "null"])
+def test_an_engine_env_value_systemd_would_change_stops_the_play(checks, value):
+    result = checks(sglang_engine_env={"DFLASH_VERIFY_KERNEL": "1", "HF_HOME": value})
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0 and "failed=1" in out, result.stdout[-3000:]
+    assert 'sglang_engine_env HF_HOME: each value must be a string or an integer (quote it in YAML: "true", ' \
+           '"1.10")' in out, \
+        result.stdout[-3000:]
+
+
+def test_engine_env_values_systemd_keeps_as_they_are_pass(checks):
+    result = checks(sglang_engine_env={"A": "1", "B": "a b$c#d:e=f;g", "C": "expandable_segments:True", "D": "",
+                                       "NCCL_IB_DISABLE": 1})
+    assert result.returncode == 0 and "failed=0" in result.stdout, result.stdout[-3000:]
+
+
 def test_extra_arguments_the_unit_does_not_set_pass(checks):
     result = checks(sglang_extra_args=["--enable-metrics-for-all-schedulers", "--log-level-http", "warning",
                                        "--json-model-override-args", '{"a": "--port"}'])
@@ -94,3 +115,47 @@ def test_the_engine_image_role_alone_refuses_a_context_folder_outside_its_contex
     out = " ".join(result.stdout.split())
     assert result.returncode != 0 and "must be one folder name" in out, result.stdout[-3000:]
     assert "changed=0" in out and "Ensure the build context" not in out, result.stdout[-3000:]
+
+
+# -- --check on a node never provisioned ------------------------------------------------------------
+# systemd_service fails on a unit it cannot find even in check mode ("Could not find the requested
+# service"), and under --check the tasks before it did not write the unit. SYSTEMD_OFFLINE=1 lets
+# systemctl answer where no systemd runs (a container); nothing is changed under --check anyway.
+def run_check(root: Path, playbook: str) -> subprocess.CompletedProcess:
+    for name in ("roles", "ansible.cfg"):
+        (root / name).symlink_to(ANSIBLE / name)
+    (root / "check.yml").write_text(playbook)
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "check.yml", "--check",
+                           "-e", json.dumps({"ansible_python_interpreter": sys.executable})],
+                          cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SYSTEMD_OFFLINE": "1", "ANSIBLE_NOCOLOR": "1"})
+
+
+@pytest.mark.skipif(Path("/etc/systemd/system/opsctl-guard.service").exists(), reason="this machine has the unit")
+def test_check_mode_on_a_node_without_the_guards_unit_says_it_would_start(tmp_path):
+    # (with the guard on, the role's "Restart opsctl guard" handler runs too: it failed the same way)
+    result = run_check(tmp_path, "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                                 "    - {ansible.builtin.include_role: {name: opsctl, tasks_from: guard.yml},"
+                                 " vars: {opsctl_guard_enabled: true}}\n")
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 0 and "failed=0" in out, result.stdout[-3000:]
+    assert "opsctl-guard.service is not installed yet; it would be installed, started and enabled at boot" in out
+
+
+@pytest.mark.skipif(Path("/etc/systemd/system/sglang.service").exists(), reason="this machine has the unit")
+def test_check_mode_on_a_node_without_the_engine_unit_says_it_would_start(tmp_path):
+    """The sglang role's tasks that start and enable the unit (after its health-gated start),
+    as they are in the role, under --check with the role's defaults."""
+    import yaml
+
+    tasks = yaml.safe_load((ANSIBLE / "roles" / "sglang" / "tasks" / "main.yml").read_text())
+    names = [task.get("name") for task in tasks]
+    first = names.index("Start or restart the engine, health-gated, under opsctl's engine lock.") + 1
+    last = names.index("Ensure the engine unit is started and enabled at boot.")
+    (tmp_path / "unit.yml").write_text(yaml.safe_dump(tasks[first:last + 1]))
+    result = run_check(tmp_path, "- hosts: localhost\n  gather_facts: false\n"
+                                 "  vars_files: [roles/sglang/defaults/main.yml]\n"
+                                 "  tasks:\n    - ansible.builtin.include_tasks: unit.yml\n")
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 0 and "failed=0" in out, result.stdout[-3000:]
+    assert "sglang.service is not installed yet; it would be installed, started and enabled at boot" in out
