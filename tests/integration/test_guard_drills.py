@@ -189,3 +189,28 @@ def test_drill6_operator_restart_during_a_remediation_does_not_interleave(guard_
     assert [r["event"] for r in new].count("decision") == 1  # the operator's restart is not a death
     assert any(r["event"] == "standing-by" for r in new)
     assert unit_active(node)
+
+
+def test_drill7_an_operators_stop_past_the_grace_is_not_a_death(guard_node):
+    """`systemctl stop` while a long request runs: the engine waits for it on SIGTERM, `docker
+    stop`'s grace (10 s in the lab) runs out, the container is killed (137) and the unit ends
+    "failed" with no job pending, as a death does. The guard restarted such an engine."""
+    node = guard_node
+    since = reset(node)
+    body = json.dumps({"text": "a long answer", "sampling_params": {"max_new_tokens": 2_000_000, "ignore_eos": True}})
+    request = subprocess.Popen(["docker", "exec", node.name, "curl", "-s", "-m", "120", "-X", "POST",
+                                "http://127.0.0.1:30000/generate", "-H", "Content-Type: application/json", "-d", body],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2)  # the request decodes
+        assert node.sh("systemctl stop sglang.service", timeout=60).returncode == 0
+        props = node.sh("systemctl show sglang.service -p ActiveState -p ExecMainStatus").stdout
+        assert "ActiveState=failed" in props and "ExecMainStatus=137" in props, props  # the drill's premise
+        seen = wait_record(node, since, lambda r: r["event"] == "stopped-on-request", timeout=30)
+        time.sleep(5)  # a guard that took it for a death would have decided by now
+    finally:
+        request.kill()
+    assert seen["exit_status"] == 137
+    assert not [r for r in records(node)[since:] if r["event"] in ("incident", "decision", "action")]
+    assert node.sh("systemctl is-active sglang.service").stdout.strip() == "failed"
+    assert node.opsctl("guard", "status").returncode == 0  # watching, nothing to do
