@@ -46,13 +46,16 @@ def test_the_lab_inventory_passes(checks):
     (dict(sglang_engine_env={"HF_TOKEN": "x\nSGLANG_MEM_FRACTION_STATIC=0.99"}), "values one line each"),
     (dict(sglang_restart_delay_s=-1), "the stop grace and the restart delay not negative"),
     (dict(sglang_start_limit_burst=0), "the burst and its interval must be positive"),
+    (dict(sglang_start_timeout_s=900, sglang_restart_delay_s=10, sglang_stop_grace_s=60,
+          sglang_start_limit_interval_s=3600), "shorter than sglang_start_limit_burst=5 failed starts of 970 s each"),
     (dict(sglang_mem_fraction_static=1.2), "is out of range"),
     (dict(sglang_extra_args=["--mem-fraction-static", "0.97"]), "sglang_extra_args has --mem-fraction-static"),
     (dict(sglang_extra_args=["--enable-torch-compile", "--mem-frac=0.97"]),
      "sglang_extra_args has --mem-frac, which is (or abbreviates) --mem-fraction-static"),
     (dict(sglang_extra_args=["--api-key", "sk-1"]), "sglang_extra_args has --api-key"),
     (dict(engine_image_context_extras=[{"src": "/tmp", "dest": ".."}]), "must be one folder name"),
-], ids=["tuned-name", "bad-name", "newline", "negative-delay", "zero-burst", "fraction", "extra-tuned-flag",
+], ids=["tuned-name", "bad-name", "newline", "negative-delay", "zero-burst", "start-limit-window", "fraction",
+        "extra-tuned-flag",
         "extra-abbreviated", "extra-api-key", "context-outside"])
 def test_a_bad_value_stops_the_play_with_what_to_do(checks, values, message):
     result = checks(**values)
