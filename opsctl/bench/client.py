@@ -4,12 +4,17 @@
 the arrival time (`time.perf_counter`, seconds) and the cumulative `completion_tokens`
 (and `spec_verify_ct` when the server reports it). Timing starts just before the request
 is sent, so TTFT includes the HTTP round trip, as a user would see it.
+
+`stop` ends the streams of other threads at once (Ctrl-C in `opsctl bench concurrency`).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +23,10 @@ import httpx
 
 class RequestFailed(Exception):
     """The request did not complete: connection lost, HTTP error, timeout or an error chunk."""
+
+
+class RequestStopped(RequestFailed):
+    """`BenchClient.stop` ended the request (Ctrl-C); the server did nothing wrong."""
 
 
 @dataclass
@@ -58,15 +67,48 @@ class BenchClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.connect_timeout_s = connect_timeout_s
         self.health_timeout_s = health_timeout_s
+        self._lock = threading.Lock()
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()  # every connection's
+        self._stopped = False
         self._http = httpx.Client(
             base_url=self.url,
             headers=headers,
             timeout=httpx.Timeout(health_timeout_s, connect=connect_timeout_s),
             transport=transport,
+            event_hooks={"request": [self._trace_connections]},
         )
 
     def close(self) -> None:
         self._http.close()
+
+    def stop(self) -> None:
+        """End every request in flight, from any thread: each fails at once with RequestStopped,
+        and SGLang, its client gone, aborts it. The client makes no request after this.
+
+        The sockets are shut down, not closed: closing one does not wake a thread blocked reading
+        it (a stream waiting minutes for its prefill), nor tell the server.
+        """
+        with self._lock:
+            self._stopped = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut_down(sock)
+
+    def _trace_connections(self, request: httpx.Request) -> None:
+        request.extensions["trace"] = self._note_socket
+
+    def _note_socket(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: keep each new connection's socket (the TLS one over https)."""
+        if event not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            return
+        sock = info["return_value"].get_extra_info("socket")
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.add(sock)
+            stopped = self._stopped
+        if stopped:
+            _shut_down(sock)
 
     def __enter__(self) -> BenchClient:
         return self
@@ -126,7 +168,8 @@ class BenchClient:
         timeout_s: float = 600.0,
         rid: str | None = None,
     ) -> StreamResult:
-        """One streaming POST /generate; raises RequestFailed unless it ends normally.
+        """One streaming POST /generate; raises RequestFailed unless it ends normally
+        (RequestStopped when `stop` ended it).
 
         `timeout_s` bounds both the wait for any single chunk (the first one waits for the
         whole prefill) and the request as a whole.
@@ -147,7 +190,16 @@ class BenchClient:
             raise ValueError("give input_ids or text")
         if rid:
             body["rid"] = rid
+        try:
+            if self._stopped:
+                raise RequestFailed("not sent")
+            return self._post_stream(body, timeout_s)
+        except RequestFailed as exc:
+            if self._stopped:
+                raise RequestStopped(f"stopped before it finished ({exc})") from exc
+            raise
 
+    def _post_stream(self, body: dict[str, Any], timeout_s: float) -> StreamResult:
         timeout = httpx.Timeout(timeout_s, connect=self.connect_timeout_s)
         # Encode before the clock starts: TTFT is the server's time, not our JSON encoder's.
         content = json.dumps(body, separators=(",", ":")).encode()
@@ -178,14 +230,22 @@ class BenchClient:
                         data = json.loads(payload)
                     except ValueError as exc:
                         raise RequestFailed(f"bad SSE chunk: {payload[:200]!r}") from exc
+                    if not isinstance(data, dict):
+                        raise RequestFailed(f"bad SSE chunk (not a JSON object): {payload[:200]!r}")
                     if "error" in data:
                         raise RequestFailed(f"server error: {str(data['error'])[:300]}")
                     meta = data.get("meta_info") or {}
+                    if not isinstance(meta, dict):
+                        raise RequestFailed(f"bad SSE chunk (meta_info is not an object): {payload[:200]!r}")
+                    tokens = meta.get("completion_tokens", last_tokens)
+                    vct = meta.get("spec_verify_ct")
+                    if not _is_count(tokens) or (vct is not None and not _is_count(vct)):
+                        raise RequestFailed(
+                            f"bad SSE chunk (completion_tokens or spec_verify_ct is not an integer): {payload[:200]!r}"
+                        )
                     result.meta = meta
-                    tokens = int(meta.get("completion_tokens", last_tokens))
                     if tokens > last_tokens:
-                        vct = meta.get("spec_verify_ct")
-                        result.chunks.append(Chunk(now, tokens, int(vct) if vct is not None else None))
+                        result.chunks.append(Chunk(now, tokens, vct))
                         last_tokens = tokens
                     finish = meta.get("finish_reason")
                     if isinstance(finish, dict) and finish.get("type") == "abort":
@@ -199,3 +259,15 @@ class BenchClient:
         if not done and not result.meta.get("finish_reason"):
             raise RequestFailed("stream ended without [DONE] or a finish_reason")
         return result
+
+
+def _shut_down(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # closed already, or (a plain socket under TLS) detached
+        pass
+
+
+def _is_count(value: object) -> bool:
+    """A token or step count as SGLang sends it: a JSON integer (not null, text or true)."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -269,7 +269,8 @@ def compare_table(cmp: dict[str, Any], title: str | None = None) -> Table:
 
 def concurrency_table(res: ConcurrencyResult) -> Table:
     table = Table(
-        title=f"{res.streams} streams at {format_context(res.context_requested)}, {res.gen} tokens each",
+        title=f"{res.streams} streams at {format_context(res.context_requested)}, {res.gen} tokens each"
+        + (f" (stopped: {len(res.samples)} finished)" if res.stopped else ""),
         title_justify="left",
         caption=(
             f"aggregate: {res.output_tok_s:.1f} output tok/s over {fmt_duration(res.wall_s)}; "

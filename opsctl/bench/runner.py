@@ -35,7 +35,7 @@ import httpx
 
 from opsctl import __version__
 from opsctl.bench import prompts
-from opsctl.bench.client import BenchClient, RequestFailed, StreamResult
+from opsctl.bench.client import BenchClient, RequestFailed, RequestStopped, StreamResult
 
 SCHEMA = "opsctl.bench/1"
 PROMPT_MODES = ("ids", "text")
@@ -612,6 +612,7 @@ class ConcurrencyResult:
     ttft_s_median: float | None
     ttft_s_max: float | None
     meta: dict[str, Any] = field(default_factory=dict)
+    stopped: StopInfo | None = None  # Ctrl-C: the streams that had finished are the samples
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -629,18 +630,19 @@ def run_concurrency(
     prompt_mode: str = "ids",
     timeout_s: float | None = None,
 ) -> ConcurrencyResult:
-    """Send `streams` unique prompts of `context` tokens at once and time them all."""
+    """Send `streams` unique prompts of `context` tokens at once and time them all.
+
+    On Ctrl-C the streams still running are stopped (SGLang aborts their requests) and the
+    result, with `stopped` set, holds the ones that had finished.
+    """
     import threading
     import time
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     if streams < 1:
         raise ValueError("--streams must be at least 1")
     settings = SweepSettings(contexts=[context], gen=gen, flush=flush, prompt_mode=prompt_mode)
     settings.validate()
-    info = client.server_info()
-    if flush:
-        client.flush_cache()
     # All prefills queue together, so the last one waits for all of them.
     timeout = timeout_s or default_timeout_s(context * streams, gen)
     barrier = threading.Barrier(streams)
@@ -649,17 +651,35 @@ def run_concurrency(
         barrier.wait()
         return _request(client, settings, context, gen, timeout, 1.0)
 
-    t0 = time.perf_counter()
+    info = None
+    futures = []
+    stopped = None
     with ThreadPoolExecutor(max_workers=streams) as pool:
-        futures = [pool.submit(one, i) for i in range(streams)]
+        try:
+            info = client.server_info()
+            if flush:
+                client.flush_cache()
+            t0 = time.perf_counter()
+            for i in range(streams):
+                futures.append(pool.submit(one, i))
+            wait(futures)
+        except KeyboardInterrupt:
+            # Raised here, in the main thread; the streams read on in theirs until stopped.
+            barrier.abort()
+            client.stop()
+            stopped = StopInfo("interrupted", context, "interrupted (Ctrl-C)")
     samples, errors, ends = [], [], []
     for i, fut in enumerate(futures):
         try:
             stream = fut.result()
             samples.append(summarize(stream, context, i, context if prompt_mode == "ids" else None, gen))
             ends.append(stream.chunks[-1].t)
+        except (RequestStopped, threading.BrokenBarrierError):
+            pass  # cut short by the Ctrl-C: neither a sample nor a failure
         except RequestFailed as exc:
             errors.append(str(exc))
+    if stopped is not None:
+        stopped.reason += f"; the {len(samples)} of {streams} stream(s) that had finished are kept"
     wall = (max(ends) - t0) if ends else 0.0
     total = sum(s.completion_tokens for s in samples)
     ttfts = [s.ttft_s for s in samples]
@@ -675,4 +695,5 @@ def run_concurrency(
         ttft_s_median=statistics.median(ttfts) if ttfts else None,
         ttft_s_max=max(ttfts) if ttfts else None,
         meta=collect_meta(client, info),
+        stopped=stopped,
     )

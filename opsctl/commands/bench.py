@@ -589,7 +589,8 @@ def compare_cmd(a, b, json_) -> None:
 def concurrency_cmd(
     url, api_key, context_, streams, gen, flush, prompt_mode, timeout_s, out_path, json_
 ) -> None:
-    """N parallel streams at one context: aggregate throughput (exit 1 if a stream failed)."""
+    """N parallel streams at one context: aggregate throughput (exit 1 if a stream failed, 130 on
+    Ctrl-C, which stops the streams and keeps the ones that had finished)."""
     try:
         context = prompts.parse_context(context_)
     except ValueError as exc:
@@ -606,11 +607,15 @@ def concurrency_cmd(
             )
     if json_:
         print_json(res.to_dict())
-    else:
+    elif res.samples or res.stopped is None:
         _print_table(report.concurrency_table(res))
     if out_path is not None:  # (after the figures are out: a write that fails now loses nothing)
         atomic_write(out_path, json.dumps(res.to_dict(), indent=2) + "\n")
     for e in res.errors:
         err_console.print(f"stream failed: {e}", style="red", soft_wrap=True, markup=False)
+    if res.stopped is not None:
+        kept = f" in {out_path}" if out_path is not None else ""
+        err_console.print(f"[bold red]stopped[/]: {escape(res.stopped.reason)}{escape(kept)}", soft_wrap=True)
+        raise SystemExit(EXIT_INTERRUPTED)
     if res.errors:
         raise SystemExit(EXIT_STOPPED)

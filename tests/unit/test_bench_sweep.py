@@ -8,6 +8,9 @@ prefix with earlier prompts) and can be told to die at a given request.
 from __future__ import annotations
 
 import json
+import select
+import signal
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,6 +57,10 @@ class FakeSGLang:
         self.api_keys: list[str | None] = []
         self.max_prompt: int | None = None  # longer prompts get HTTP 413, the server stays up
         self.decode_windows: list[float] = []  # per stream: seconds from its first chunk sent to its last
+        # /generate request index -> "before headers" or "after headers": held in a prefill that
+        # lasts until the client goes away; the indexes of those that saw it go are in `gone`
+        self.hold: dict[int, str] = {}
+        self.gone: list[int] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -67,6 +74,12 @@ class FakeSGLang:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _hold(self, index: int) -> None:
+                readable, _, _ = select.select([self.connection], [], [], 30.0)
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):  # EOF: the client went
+                    fake.gone.append(index)
+                self.close_connection = True
 
             def do_GET(self):
                 if self.path == "/health":
@@ -112,9 +125,13 @@ class FakeSGLang:
                         cached = max(cached, n)
                 fake.seen.append(prompt)
                 gen = body["sampling_params"]["max_new_tokens"]
+                if fake.hold.get(index) == "before headers":
+                    return self._hold(index)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
+                if fake.hold.get(index) == "after headers":
+                    return self._hold(index)
                 t0 = time.perf_counter()
                 # Sleep to absolute times on a schedule, so per-chunk overheads do not add up.
                 due = t0 + (len(prompt) - cached) * PREFILL_S_PER_TOKEN
@@ -292,6 +309,63 @@ def test_concurrency_streams_are_unique_and_counted(fake):
     ttfts = sorted(s.ttft_s for s in res.samples)
     assert ttfts[0] > 0
     assert res.ttft_s_max == ttfts[-1] and res.ttft_s_median == pytest.approx((ttfts[1] + ttfts[2]) / 2)
+
+
+def test_bad_stream_events_fail_the_point_not_the_sweep():
+    """Valid JSON that is not an event object, or a null token count, escaped run_sweep as a
+    TypeError or AttributeError: the sweep ended in a traceback and the point was lost."""
+    import httpx
+
+    bodies = {
+        "null": "data: null",
+        "[1,2]": "data: [1,2]",
+        '"error"': 'data: "error"',
+        "meta_info is not an object": 'data: {"meta_info": [1]}',
+        "completion_tokens is null": 'data: {"text": "a", "meta_info": {"completion_tokens": null}}',
+        "spec_verify_ct is text": 'data: {"text": "a", "meta_info": {"completion_tokens": 1, "spec_verify_ct": "x"}}',
+    }
+    for name, event in bodies.items():
+
+        def handler(request, event=event):
+            if request.url.path == "/generate":
+                return httpx.Response(200, text=f"{event}\n\ndata: [DONE]\n\n")
+            return httpx.Response(200, json={})
+
+        client = BenchClient("http://fake", transport=httpx.MockTransport(handler))
+        result = run_sweep(SweepSettings(contexts=[1000], gen=4, warmup=False), client, health_retries=0)
+        point = result.points[0]
+        assert result.stopped is None and point.status == "error", name
+        assert point.error.startswith("bad SSE chunk (") and event[6:] in point.error, (name, point.error)
+
+
+def test_ctrl_c_stops_the_concurrency_streams_and_keeps_those_that_finished(fake, tmp_path):
+    """Ctrl-C exited 1 ("Aborted!"), saved nothing, and left the streams reading until their
+    prefills ended: a thread blocked reading a socket is not woken when the socket is closed."""
+    fake.hold = {1: "before headers", 2: "after headers"}  # of three streams, one finishes
+    main = threading.get_ident()
+
+    def ctrl_c():
+        deadline = time.monotonic() + 10
+        while (fake.requests < 3 or not fake.decode_windows) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # for the client to read the finished stream's [DONE]
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    out = tmp_path / "c.json"
+    started = time.monotonic()
+    r = CliRunner().invoke(bench_cmd.bench, ["concurrency", "--url", fake.url, "--context", "1k", "--streams", "3",
+                                             "--gen", "8", "--out", str(out)])
+    assert r.exit_code == 130, r.output
+    assert time.monotonic() - started < 5  # the held streams would have read for 30 s
+    saved = json.loads(out.read_text())
+    assert saved["stopped"]["kind"] == "interrupted" and saved["errors"] == []
+    assert [s["completion_tokens"] for s in saved["samples"]] == [8]
+    assert f"the 1 of 3 stream(s) that had finished are kept in {out}" in r.stderr.replace("\n", "")
+    deadline = time.monotonic() + 5
+    while len(fake.gone) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(fake.gone) == [1, 2]  # the server saw both clients go (SGLang aborts their requests)
 
 
 # -- the CLI ---------------------------------------------------------------------------
