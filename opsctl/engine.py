@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,7 +26,33 @@ class Probe:
 
 
 def probe(client: httpx.Client, path: str, timeout_s: float, want_json: bool = False) -> Probe:
+    """GET `path`, the whole exchange within `timeout_s`.
+
+    httpx's timeout bounds each connect, read and write, not their sum: a server that trickles
+    its answer a byte at a time never trips it. So the GET runs in a daemon thread and this
+    waits for it at most `timeout_s`; one left behind fails at its next read once `client` is
+    closed (`timeout_s` at most), or ends with the process.
+    """
     url = str(client.base_url).rstrip("/") + path
+    answers: queue.SimpleQueue[Probe | BaseException] = queue.SimpleQueue()
+
+    def get() -> None:
+        try:
+            answers.put(_get(client, path, url, timeout_s, want_json))
+        except BaseException as error:  # for the caller to raise, as when the GET ran in its thread
+            answers.put(error)
+
+    threading.Thread(target=get, name=f"probe {path}", daemon=True).start()
+    try:
+        answer = answers.get(timeout=timeout_s)
+    except queue.Empty:
+        return Probe(url, False, None, None, f"no answer within {timeout_s:g} s")
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer
+
+
+def _get(client: httpx.Client, path: str, url: str, timeout_s: float, want_json: bool) -> Probe:
     started = time.perf_counter()
     try:
         response = client.get(path, timeout=timeout_s)

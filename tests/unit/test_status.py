@@ -442,3 +442,47 @@ def test_a_part_of_the_check_that_breaks_leaves_a_dead_engine_critical(monkeypat
     assert any("the guard's state cannot be read" in problem for problem in report["problems"])
     human = CliRunner().invoke(cli, ["status"])
     assert human.exit_code == 2 and "not known (TypeError" in human.output
+
+
+def test_a_server_that_trickles_its_answer_is_no_answer_within_the_timeout():
+    """httpx's timeout bounds each read, not the probe: a server sending a byte every 0.2 s never
+    tripped a 1 s timeout, and `opsctl status` hung for as long as the server kept it up."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opsctl import engine
+
+    stop = threading.Event()
+
+    class Trickle(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "25")  # 5 s at this pace
+            self.end_headers()
+            for _ in range(25):
+                if stop.wait(0.2):
+                    return
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:  # the probe gave up and closed its connection
+                    return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        view = engine.look(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=1.0)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+    assert elapsed < 2.0
+    for probe in (view.health, view.health_generate, view.server_info, view.metrics):
+        assert not probe.ok and probe.error == "no answer within 1 s"  # status.busy_engine reads this prefix
