@@ -269,3 +269,40 @@ def test_the_api_key_in_sglangs_logged_server_args_never_reaches_the_controller(
         "launch: python -m sglang.launch_server --api-key *** --port 30000")
     assert helper.redacted('{"api_key": "sk-live-123"}') == '{"api_key": "***"}'
     assert helper.redacted("api_key=None, port=30000") == "api_key=None, port=30000"
+
+
+def test_the_drain_waits_for_waiting_requests_and_a_prefill_sglangs_gauges_do_not_count(monkeypatch):
+    """A lone 185k prefill reads 0 running and 0 waiting in SGLang 0.5.23 (the request being
+    chunked is in neither): the drain returned at once and the restart killed minutes of prefill.
+    Waiting requests were not counted either."""
+    node = engine_node()
+    polls = [  # (/metrics, the journal's last 20 s)
+        ("sglang:num_running_reqs{tp_rank=\"0\"} 0.0\nsglang:num_queue_reqs{tp_rank=\"0\"} 0.0\n",
+         "[TP0] Prefill batch, #new-seq: 1, #new-token: 4096, #cached-token: 90112, token usage: 0.48, "
+         "#running-req: 0, #queue-req: 0"),
+        ("sglang:num_running_reqs{tp_rank=\"0\"} 1.0\nsglang:num_queue_reqs{tp_rank=\"0\"} 0.0\n", ""),
+        ("sglang:num_running_reqs{tp_rank=\"0\"} 0.0\nsglang:num_queue_reqs{tp_rank=\"0\"} 2.0\n", ""),
+        ("sglang:num_running_reqs{tp_rank=\"0\"} 0.0\nsglang:num_queue_reqs{tp_rank=\"0\"} 0.0\n",
+         "[TP0] Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: 0.48, "
+         "#running-req: 0, #queue-req: 0"),  # a health probe's own prefill: no work
+    ]
+    step = {"metrics": 0, "journal": 0}
+    journal_calls = []
+
+    def http(url, body=None, timeout=10.0):
+        text = polls[min(step["metrics"], len(polls) - 1)][0]
+        step["metrics"] += 1
+        return 200, text
+
+    def run(*argv):
+        journal_calls.append(argv)
+        text = polls[min(step["journal"], len(polls) - 1)][1]
+        step["journal"] += 1
+        return text
+    monkeypatch.setattr(node, "http", http)
+    monkeypatch.setattr(node, "run", run)
+    result = node.drain("http://engine", "sglang.service", 60, 0.01)
+    assert (result["running_at_start"], result["prefill_at_start"]) == (0, True)
+    assert (result["running_at_end"], result["prefill_at_end"], result["timed_out"]) == (0, False, False)
+    assert step["metrics"] == 4  # the prefill, the decode, the waiting requests, then idle
+    assert journal_calls[0][:3] == ("journalctl", "-u", "sglang.service") and "-20s" in journal_calls[0]
