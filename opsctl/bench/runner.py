@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 import socket
 import statistics
 import uuid
@@ -377,8 +378,27 @@ class SweepObserver:
     def message(self, text: str) -> None: ...
 
 
+# SGLang 0.5.23's /server_info is its resolved server_args: the API keys in clear (results files
+# are shared and committed). Any other field named like a secret, or a command line's value of
+# such a flag, is hidden too.
+_SECRET_FIELD = re.compile(r"(?:^|_)(?:api_key|password|secret|watermark_key(?:_b)?)$")
+_SECRET_FLAG = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))\S+")
+
+
+def redact_secrets(value: Any) -> Any:
+    """`value` (JSON-like) with secrets' values replaced by "***"."""
+    if isinstance(value, dict):
+        return {key: "***" if _SECRET_FIELD.search(str(key)) and value[key] else redact_secrets(value[key])
+                for key in value}
+    if isinstance(value, list):
+        return [redact_secrets(item) for item in value]
+    if isinstance(value, str):
+        return _SECRET_FLAG.sub(r"\1***", value)
+    return value
+
+
 def collect_meta(client: BenchClient, info: dict[str, Any] | None) -> dict[str, Any]:
-    info = info or {}
+    info = redact_secrets(info or {})
     server_args = {k: v for k, v in info.items() if k != "internal_states"}
     return {
         "date": _now(),

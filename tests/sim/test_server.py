@@ -337,8 +337,10 @@ def test_gpu_mem_fault_shrinks_the_card_at_the_next_start(start_sim, tmp_path):
 
 
 def test_api_key(start_sim):
+    """As SGLang 0.5.23 (server_args.resolved_dict), the key is in clear in the server_args log line
+    and in /server_info: what opsctl and the playbooks copy from them must hide it."""
     sim = start_sim([*FIXED, "--api-key", "sekrit"])
-    assert "'api_key': '***'" in sim.output() and "sekrit" not in sim.output()
+    assert "'api_key': 'sekrit'" in sim.output()
     with sim.client() as c:
         assert c.get("/health").status_code == 200
         assert c.get("/metrics").status_code == 200
@@ -346,7 +348,7 @@ def test_api_key(start_sim):
         assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
         assert c.get("/server_info").status_code == 401
         ok = c.get("/server_info", headers={"Authorization": "Bearer sekrit"})
-        assert ok.status_code == 200 and ok.json()["api_key"] == "***"
+        assert ok.status_code == 200 and ok.json()["api_key"] == "sekrit"
 
 
 def test_sigterm_lets_inflight_request_finish(start_sim):

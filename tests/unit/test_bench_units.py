@@ -258,3 +258,25 @@ def test_to_model_time_divides_out_the_simulator_factor():
     assert m.fit["ms_per_1k"] == pytest.approx(r.fit["ms_per_1k"] * 4)
     assert m.meta["time_factor"] == 0.25
     assert [p.step_ms for p in r.points] == [2.0, 10.0]  # the original is untouched
+
+
+def test_the_results_meta_hides_the_engines_secrets():
+    """SGLang 0.5.23's /server_info is its resolved server_args, API keys in clear (also in each
+    internal state): `bench run` wrote them into its results file, which is shared and committed."""
+    import json
+
+    from opsctl.bench.client import BenchClient
+    from opsctl.bench.runner import collect_meta
+
+    info = {"version": "0.5.23", "api_key": "sk-live-1", "admin_api_key": "adm-2", "ssl_keyfile_password": None,
+            "max_total_num_tokens": 195011, "tokenizer_path": "/models/Kimi-K2.6",
+            "launch_command": "python3 -m sglang.launch_server --api-key sk-live-1 --tp 8",
+            "internal_states": [{"api_key": "sk-live-1", "avg_spec_accept_length": 3.1}]}
+    with BenchClient("http://127.0.0.1:9") as client:
+        meta = collect_meta(client, info)
+    text = json.dumps(meta)
+    assert "sk-live-1" not in text and "adm-2" not in text
+    assert meta["server_args"]["api_key"] == "***" and meta["server_args"]["ssl_keyfile_password"] is None
+    assert meta["server_args"]["launch_command"] == "python3 -m sglang.launch_server --api-key *** --tp 8"
+    assert meta["server_args"]["max_total_num_tokens"] == 195011  # (a field named like tokens is no secret)
+    assert meta["internal_states"] == [{"api_key": "***", "avg_spec_accept_length": 3.1}]

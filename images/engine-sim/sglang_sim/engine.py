@@ -105,9 +105,8 @@ class Config:
             served_model_name=self.served_model_name,
             tokenizer_path=self.args.tokenizer_path or self.args.model_path,
         )
-        for key in ("api_key", "admin_api_key", "ssl_keyfile_password"):
-            if out.get(key):
-                out[key] = "***"
+        # (secrets in clear, as SGLang 0.5.23's resolved server_args: its log line and /server_info
+        # carry the API key; the tools that copy them must hide it)
         return out
 
 
