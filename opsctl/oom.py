@@ -432,10 +432,11 @@ class OomScanner:
             incident.detail = oom_text[:300]
             startup = pending.phase == "startup" or (pending.phase == "unknown" and _STARTUP_FRAMES.search(text))
             expandable = bool(pending.config and pending.config.expandable_segments)
-            # The fraction sizes the KV pool after the target's weights load: an OOM while they
-            # load is no reason to lower it (the OOM message names other processes that hold
-            # memory). Not the DFlash draft's load: it comes after the pool, into the headroom the
-            # fraction leaves. With no engine start in view, the traceback's frames decide.
+            # The fraction sizes the KV pool after the weights load (the target's, then in SGLang
+            # 0.5.23 the DFlash draft's): an OOM while they load is no reason to lower it (the OOM
+            # message names other processes that hold memory). A load after the pool (the draft's
+            # in older releases) is the fraction's: it comes into the headroom the fraction leaves.
+            # With no engine start in view, the traceback's frames decide.
             loading = pending.loading_weights or (pending.phase == "unknown" and _WEIGHT_FRAMES.search(text)
                                                   and not _POOL_FRAMES.search(text))
             if loading:

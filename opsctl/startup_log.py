@@ -270,26 +270,31 @@ class StartupTracker:
         self.runs: list[StartupFacts] = []
         self._begin_ranks: set[int | None] = set()
         self._end_ranks: set[int | None] = set()
+        self._open_loads: dict[int | None, int] = {}  # loads each rank began and has not ended
 
     @property
     def current(self) -> StartupFacts | None:
         return self.runs[-1] if self.runs else None
 
     def loading_weights(self, rank: int | None) -> bool:
-        """Whether `rank` is loading the target's weights in the current start: its own begin
-        logged and not its end (ranks load side by side, and one may fail while another is done).
-        A rank that logged neither (a cut log) follows the start's ranks as a whole."""
+        """Whether `rank` is loading weights before the KV pool is sized: a load it began and has
+        not ended (ranks load side by side, and one may fail while another is done). SGLang 0.5.23
+        loads the target, then the DFlash draft, then sizes the pool (Scheduler.init_model_worker);
+        a load after the pool (the draft's in older releases) competes with the pool the fraction
+        sized, so it is not counted. A rank that logged no load (a cut log) follows the start's
+        ranks as a whole."""
         run = self.current
-        if run is None:
+        if run is None or run.kv_tokens is not None or run.pool_end_avail_gib is not None:
             return False
-        if rank in self._begin_ranks or rank in self._end_ranks:
-            return rank in self._begin_ranks and rank not in self._end_ranks
+        if rank in self._open_loads:
+            return self._open_loads[rank] > 0
         return run.load_begin_avail_gib is not None and run.load_end_avail_gib is None
 
     def _new_run(self, config: EngineConfig | None = None) -> StartupFacts:
         self.runs.append(StartupFacts(config=config or EngineConfig()))
         self._begin_ranks.clear()
         self._end_ranks.clear()
+        self._open_loads.clear()
         return self.runs[-1]
 
     def feed(self, line: LogLine) -> None:
@@ -303,6 +308,7 @@ class StartupTracker:
         if (match := _LOAD_BEGIN.search(msg)) is not None:
             if run is None or run.ready or run.max_total_num_tokens is not None:
                 run = self._new_run()
+            self._open_loads[line.tp_rank] = self._open_loads.get(line.tp_rank, 0) + 1
             if line.tp_rank not in self._begin_ranks:
                 self._begin_ranks.add(line.tp_rank)
                 run.load_begin_avail_gib = _min(run.load_begin_avail_gib, float(match[1]))
@@ -322,6 +328,7 @@ class StartupTracker:
                 return
             run = self._new_run()
         if (match := _LOAD_END.search(msg)) is not None:
+            self._open_loads[line.tp_rank] = max(0, self._open_loads.get(line.tp_rank, 0) - 1)
             if line.tp_rank not in self._end_ranks:
                 self._end_ranks.add(line.tp_rank)
                 run.load_end_avail_gib = _min(run.load_end_avail_gib, float(match[1]))

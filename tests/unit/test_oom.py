@@ -455,3 +455,25 @@ def test_an_oom_of_a_rank_still_loading_weights_is_the_weights_load_though_anoth
         "[2026-05-31 10:24:13] Received sigquit from a child process. It usually means the child failed.",
     ])
     assert [(i.kind, i.classification, i.tp_rank) for i in incidents] == [("cuda_oom", oom.WEIGHTS_LOAD, 3)]
+
+
+def test_an_oom_while_the_dflash_draft_loads_before_the_pool_is_the_weights_load():
+    """SGLang 0.5.23 loads the target, then the DFlash draft, then sizes the KV pool
+    (Scheduler.init_model_worker): an OOM in the draft's load comes before the fraction has sized
+    anything, so lowering it cannot help (it was a startup allocation, and the guard walked the
+    fraction down)."""
+    incidents = oom.analyze([
+        "[2026-05-31 10:20:01] server_args={'model_path': '/models/Kimi-K2.6', 'mem_fraction_static': 0.93, "
+        "'chunked_prefill_size': 4096, 'tp_size': 8, 'page_size': 1, 'speculative_algorithm': 'DFLASH'}",
+        "[2026-05-31 10:20:40 TP0] Load weight begin. avail mem=93.41 GB",
+        "[2026-05-31 10:24:11 TP0] Load weight end. elapsed=210.55 s, type=DeepseekV3ForCausalLM, avail mem=19.12 GB, "
+        "mem usage=74.29 GB.",
+        "[2026-05-31 10:24:12 TP0] Load weight begin. avail mem=19.12 GB",
+        "[2026-05-31 10:24:14 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/sgl/python/sglang/srt/model_executor/model_runner.py", line 1290, in load_model',
+        "    self.model = self.loader.load_model(",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 94.97 "
+        "GiB of which 1.10 GiB is free. Process 4242 has 16.00 GiB memory in use.",
+        "[2026-05-31 10:24:15] Received sigquit from a child process. It usually means the child failed.",
+    ])
+    assert [(i.kind, i.classification) for i in incidents] == [("cuda_oom", oom.WEIGHTS_LOAD)]
