@@ -601,7 +601,8 @@ class Watcher:
         if getattr(self, "follower", None) is not None:
             self.follower.close()
         backlog, cursor = self.node.backlog()
-        self.scanner = oom.OomScanner(self.node.config_hint())
+        hint = self.node.config_hint()
+        self.scanner = oom.OomScanner(hint)
         for line in backlog:
             self.scanner.feed(line)
         self.scanner.flush()
@@ -614,6 +615,8 @@ class Watcher:
         self.restarts = unit.restarts
         with self.prober.lock:
             self.detector.reset()
+            self.detector.hang_timeout_s = policy.hang_timeout(self.config.guard.hang_timeout_s,
+                                                               hint.chunked_prefill_size)
 
     def run(self) -> None:
         self.store.audit("guard-started", pid=os.getpid(), limits=dataclasses.asdict(self.config.guard))

@@ -228,12 +228,24 @@ def backoff_s(remediation_times: Sequence[float], now: float, limits: GuardConfi
 BUSY_HOLDS_HANG_OFF = 3
 
 
+# SGLang 0.5.23 logs a prefill batch from its result, after the forward: with chunked prefill off
+# (-1) a long prompt is one forward that logs nothing until it ends (the seed's 185k prompt had a
+# 6-minute TTFT). The guard then waits at least this long before it calls an engine hung.
+UNCHUNKED_FORWARD_S = 600.0
+
+
+def hang_timeout(configured_s: float, chunked_prefill_size: int | None) -> float:
+    """The hang timeout for the config in force: `configured_s`, or UNCHUNKED_FORWARD_S at least
+    with chunked prefill off."""
+    return max(configured_s, UNCHUNKED_FORWARD_S) if chunked_prefill_size == -1 else configured_s
+
+
 class HangDetector:
     """Hung = /health_generate has not answered 200 for `hang_timeout_s`, over at least
     `min_failures` probes in a row, while the unit is active, and the scheduler has logged no
     batch for as long. One slow probe is never a hang; nor, for a while, is an engine whose
-    scheduler still logs its batches (a forward pass that outlasts the probe, a long unchunked
-    prefill): a restart would only kill its requests."""
+    scheduler still logs its batches (a chunk of a long prefill a line, logged as it ends; see
+    `hang_timeout` for a prefill that is not chunked): a restart would only kill its requests."""
 
     def __init__(self, hang_timeout_s: float, min_failures: int = 3):
         self.hang_timeout_s = hang_timeout_s

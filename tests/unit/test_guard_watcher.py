@@ -12,7 +12,7 @@ import pytest
 
 from opsctl import oom, systemd
 from opsctl.config import GuardConfig, NodeConfig
-from opsctl.guard import daemon
+from opsctl.guard import daemon, policy
 from opsctl.guard.state import STOPPED, GuardStore
 from opsctl.overrides import TunedValues
 from opsctl.startup_log import EngineConfig
@@ -270,6 +270,22 @@ def test_failing_probes_while_the_scheduler_logs_batches_are_not_a_hang(tmp_path
     assert [r["event"] for r in store.records()].count("busy-not-hung") == 1  # said once, not each tick
     loop._tick([], unit, 23.0)  # probes failing for 23 s, no batch for 11 s
     assert [d.cause for d in guard.deaths] == ["hang"]
+
+
+def test_with_chunked_prefill_off_an_engine_gets_a_long_forward_before_it_is_hung(tmp_path, monkeypatch):
+    """SGLang logs a prefill batch after its forward: with chunking off (-1) a 185k prompt is one
+    forward of minutes with no line, and the guard's 120 s restarted it as hung, killing the
+    request. It waits UNCHUNKED_FORWARD_S at least then; chunked, its own timeout."""
+    journal = FakeJournal(STARTUP)
+    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
+    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9", guard=GuardConfig(hang_timeout_s=120.0))
+    node = FakeNode(journal)
+    monkeypatch.setattr(node, "config_hint", lambda: EngineConfig(0.93, -1, True))
+    loop = daemon.Watcher(config, guard=RecordingGuard(GuardStore(tmp_path)), node=node)
+    assert loop.detector.hang_timeout_s == policy.UNCHUNKED_FORWARD_S
+    monkeypatch.setattr(node, "config_hint", lambda: EngineConfig(0.93, 4096, True))
+    loop._resync()  # (after a step or another change: the config in force read again)
+    assert loop.detector.hang_timeout_s == 120.0
 
 
 def test_a_failed_old_run_with_a_job_queued_is_not_a_death(tmp_path, monkeypatch):

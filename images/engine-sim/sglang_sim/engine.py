@@ -470,9 +470,11 @@ class Engine:
                         return
                     req["context"] = prefix + c
                     dt = timing.prefill_chunk_seconds(c, prefix)
-                    self._log_prefill(c, prefix if i else cached, dt)
                     clock += self.scaled(dt)
                     await asyncio.sleep(max(0.0, clock - time.monotonic()))
+                    # (as SGLang 0.5.23, which logs a prefill batch from its result, after the forward:
+                    # a single long forward, an unchunked 185k prefill, logs nothing for minutes)
+                    self._log_prefill(c, prefix if i else cached, dt)
                     self._forward_done()
                     prefix += c
                     largest = max(largest, c)
