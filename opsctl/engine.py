@@ -71,14 +71,34 @@ def _get(client: httpx.Client, path: str, url: str, timeout_s: float, want_json:
     return Probe(url, ok, response.status_code, latency_ms, None if ok else f"HTTP {response.status_code}", body)
 
 
+# Labels that tell the TP ranks of one scheduler's series apart. By default SGLang exports from each
+# attention-TP group's first rank only; with --enable-metrics-for-all-schedulers every rank exports
+# the same batch again (8 series at TP8: a token usage of 400%, a KV pool 8 times its size).
+_RANK_LABELS = ("tp_rank", "moe_ep_rank")
+
+
+def _rank(labels: dict[str, str]) -> int:
+    try:
+        return int(labels.get("tp_rank", 0))
+    except ValueError:
+        return 0
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """SGLang's Prometheus gauges and counters by name (summed over label sets, e.g. tp_rank)."""
-    values: dict[str, float] = {}
+    """SGLang's Prometheus gauges and counters by name: summed over its schedulers (data-parallel
+    groups, pipeline stages), each taken from its lowest TP rank."""
+    lowest: dict[tuple, tuple[int, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.endswith(("_bucket", "_created")):
                 continue
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+            scheduler = (sample.name, *sorted((k, v) for k, v in sample.labels.items() if k not in _RANK_LABELS))
+            rank = _rank(sample.labels)
+            if scheduler not in lowest or rank < lowest[scheduler][0]:
+                lowest[scheduler] = (rank, sample.value)
+    values: dict[str, float] = {}
+    for scheduler, (_, value) in lowest.items():
+        values[scheduler[0]] = values.get(scheduler[0], 0.0) + value
     return values
 
 

@@ -486,3 +486,19 @@ def test_a_server_that_trickles_its_answer_is_no_answer_within_the_timeout():
     assert elapsed < 2.0
     for probe in (view.health, view.health_generate, view.server_info, view.metrics):
         assert not probe.ok and probe.error == "no answer within 1 s"  # status.busy_engine reads this prefix
+
+
+def test_metrics_of_every_tp_rank_are_not_counted_again():
+    """With --enable-metrics-for-all-schedulers each TP rank exports the same batch: summed, TP8
+    read a token usage of 4.0 and a KV pool 8 times its size. Data-parallel groups still add up."""
+    from opsctl.engine import parse_metrics
+
+    ranks = "".join(f'sglang:token_usage{{model_name="k",pp_rank="0",tp_rank="{r}",moe_ep_rank="{r}"}} 0.5\n'
+                    f'sglang:max_total_num_tokens{{model_name="k",pp_rank="0",tp_rank="{r}",moe_ep_rank="{r}"}} 195011\n'
+                    for r in (3, 0, 1, 2))
+    values = parse_metrics("# TYPE sglang:token_usage gauge\n# TYPE sglang:max_total_num_tokens gauge\n" + ranks)
+    assert values["sglang:token_usage"] == 0.5 and values["sglang:max_total_num_tokens"] == 195011
+    dp = ('# TYPE sglang:num_running_reqs gauge\n'
+          'sglang:num_running_reqs{dp_rank="0",tp_rank="0"} 3\nsglang:num_running_reqs{dp_rank="0",tp_rank="1"} 3\n'
+          'sglang:num_running_reqs{dp_rank="1",tp_rank="4"} 2\nsglang:num_running_reqs{dp_rank="1",tp_rank="5"} 2\n')
+    assert parse_metrics(dp)["sglang:num_running_reqs"] == 5
