@@ -337,9 +337,15 @@ class OomScanner:
         ):
             self._pending[key] = self._new_pending(rec, [msg])
         elif (m := _RETRACT.search(msg)) is not None:
-            incident = self._new(rec, "kv_pool_full", KV_POOL, self._config(), self._phase())
-            incident.detail = f"KV cache pool is full; {m[1] or '?'} requests retracted"
-            done.extend(self._emit(incident))
+            detail = f"KV cache pool is full; {m[1] or '?'} requests retracted"
+            last = self._last
+            if (last is not None and last.kind == "kv_pool_full" and last.time == rec.time and last.detail == detail
+                    and last.tp_rank != rec.tp_rank):
+                last.lines.append(rec.raw)  # (every TP rank logs the same retraction: one incident)
+            else:
+                incident = self._new(rec, "kv_pool_full", KV_POOL, self._config(), self._phase())
+                incident.detail = detail
+                done.extend(self._emit(incident))
         elif (m := _KERNEL_OOM.search(msg)) is not None:
             incident = self._new(rec, "kernel_oom_kill", HOST_MEMORY, self._config(), self._phase())
             incident.detail = f"kernel OOM killer killed process {m[1]} ({m[2]})"

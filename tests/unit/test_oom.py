@@ -477,3 +477,13 @@ def test_an_oom_while_the_dflash_draft_loads_before_the_pool_is_the_weights_load
         "[2026-05-31 10:24:15] Received sigquit from a child process. It usually means the child failed.",
     ])
     assert [(i.kind, i.classification) for i in incidents] == [("cuda_oom", oom.WEIGHTS_LOAD)]
+
+
+def test_one_retraction_logged_by_every_tp_rank_is_one_incident():
+    """SGLang 0.5.23 logs "KV cache pool is full. Retract requests." on every TP rank: TP8 made 8
+    incidents of one retraction, and filled the guard's window of incidents 8 times as fast."""
+    lines = [f"[2026-05-31 11:00:0{second} TP{rank}] KV cache pool is full. Retract requests. #retracted_reqs: 2, "
+             "#new_tokens_gained: 8192" for second in (1, 5) for rank in range(8)]
+    incidents = oom.analyze(lines)
+    assert [(i.kind, i.time, len(i.lines)) for i in incidents] == [
+        ("kv_pool_full", "2026-05-31 11:00:01", 8), ("kv_pool_full", "2026-05-31 11:00:05", 8)]
