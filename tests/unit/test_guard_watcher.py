@@ -86,6 +86,16 @@ class FakeNode:
         return EngineConfig(mem_fraction_static=0.94, chunked_prefill_size=8192, expandable_segments=False)
 
 
+def _watcher(tmp_path, monkeypatch):
+    """A Watcher over a fake node whose journal holds an engine start: (loop, node, store, guard)."""
+    journal = FakeJournal(STARTUP)
+    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
+    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9")
+    node, store = FakeNode(journal), GuardStore(tmp_path)
+    guard = RecordingGuard(store)
+    return daemon.Watcher(config, guard=guard, node=node), node, store, guard
+
+
 class RecordingGuard:
     """Records deaths; the first `stop_after` of them spend the budget, as in a crash loop."""
 
@@ -292,12 +302,7 @@ def test_a_failed_old_run_with_a_job_queued_is_not_a_death(tmp_path, monkeypatch
     """A `systemctl restart` whose stop step fails (`docker stop` of a container already gone)
     shows the old run "failed" while systemd holds the job that starts the new run: no death.
     The same state with no job left is one."""
-    journal = FakeJournal(STARTUP)
-    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
-    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9")
-    node, store = FakeNode(journal), GuardStore(tmp_path)
-    guard = RecordingGuard(store)
-    loop = daemon.Watcher(config, guard=guard, node=node)
+    loop, node, store, guard = _watcher(tmp_path, monkeypatch)
     failed = dataclasses.replace(node.unit(), active_state="failed", sub_state="failed", job="1212")
     loop._tick([], failed, 1.0)
     loop._tick([], failed, 1.0 + 2 * daemon.CLASSIFY_GRACE_S)
@@ -324,12 +329,7 @@ def test_a_run_that_systemd_stopped_on_request_is_not_a_death(tmp_path, monkeypa
     out, the container is killed and `docker run` exits 137, so the unit ends "failed" with no job,
     as after a death. Before, the guard restarted the engine the operator had stopped. A kernel OOM
     kill (137 as well) of a run nobody stopped is still a death."""
-    journal = FakeJournal(STARTUP)
-    monkeypatch.setattr(daemon.journal, "JournalFollower", journal.follower)
-    config = NodeConfig(state_dir=tmp_path, engine_url="http://127.0.0.1:9")
-    node, store = FakeNode(journal), GuardStore(tmp_path)
-    guard = RecordingGuard(store)
-    loop = daemon.Watcher(config, guard=guard, node=node)
+    loop, node, store, guard = _watcher(tmp_path, monkeypatch)
     asked = []
     node.stop_requested = lambda unit: asked.append(unit.invocation) or unit.invocation == "run-1"
     stopped = dataclasses.replace(node.unit(), active_state="failed", sub_state="failed", result="exit-code",

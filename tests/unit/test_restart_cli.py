@@ -679,16 +679,8 @@ def test_a_fatal_line_of_the_new_run_fails_the_start(monkeypatch):
 def test_a_rollback_whose_file_cannot_be_written_says_the_file_still_holds_the_failed_values(node, monkeypatch):
     """A full disk as the rollback writes the previous file: the message said the previous
     override file was in place, and the next start by systemd ran the failed values."""
-    from opsctl import restart as restart_module
-
     seen = _fake_starts(monkeypatch, node, False, True)
-    real_write = restart_module.write_override_text
-
-    def full_disk_on_restore(path, text):
-        if text == ORIGINAL_OVERRIDE:
-            raise OSError(28, "No space left on device", str(path))
-        real_write(path, text)
-    monkeypatch.setattr(restart_module, "write_override_text", full_disk_on_restore)
+    _full_disk_on_restore(monkeypatch)
     result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
     assert result.exit_code == 3 and len(seen) == 1
     assert "could not be put back and still holds the failed values" in " ".join(result.output.split())
@@ -739,10 +731,9 @@ def test_a_failed_record_does_not_cancel_the_rollback(node, monkeypatch):
     assert [(r["event"], r["outcome"]) for r in _history(node)] == [("restart", "started"), ("rollback", "ok")]
 
 
-def test_an_abandoned_restart_whose_file_cannot_be_restored_says_so(node, monkeypatch):
+def _full_disk_on_restore(monkeypatch):
+    """The override file can be written, but not put back as it was (the disk fills meanwhile)."""
     from opsctl import restart as restart_module
-
-    _fake_starts(monkeypatch, node, KeyboardInterrupt())
     real_write = restart_module.write_override_text
 
     def full_disk_on_restore(path, text):
@@ -750,6 +741,11 @@ def test_an_abandoned_restart_whose_file_cannot_be_restored_says_so(node, monkey
             raise OSError(28, "No space left on device", str(path))
         real_write(path, text)
     monkeypatch.setattr(restart_module, "write_override_text", full_disk_on_restore)
+
+
+def test_an_abandoned_restart_whose_file_cannot_be_restored_says_so(node, monkeypatch):
+    _fake_starts(monkeypatch, node, KeyboardInterrupt())
+    _full_disk_on_restore(monkeypatch)
     result = CliRunner().invoke(cli, ["restart", "--fraction", "0.91", "--force"])
     output = " ".join(result.output.split())
     assert result.exit_code == 3 and "could not be put back (No space left on device)" in output, output
