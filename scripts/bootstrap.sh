@@ -16,6 +16,11 @@ command -v docker >/dev/null && command -v dockerd >/dev/null || need_pkgs+=(doc
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v rsync >/dev/null || need_pkgs+=(rsync)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+# the unit's helpers, which the tests run here: curl (the health gate), ss (the port check),
+# systemd-analyze (the unit check)
+command -v curl >/dev/null || need_pkgs+=(curl)
+command -v ss >/dev/null || need_pkgs+=(iproute2)
+command -v systemd-analyze >/dev/null || need_pkgs+=(systemd)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     say "apt-get install ${need_pkgs[*]}"
     apt-get -o Acquire::Retries=3 update -qq

@@ -12,15 +12,12 @@ ANSIBLE = Path(__file__).resolve().parents[2] / "ansible"
 BIN = Path(sys.executable).parent
 
 
-def run_runtime_check(tmp_path: Path, runtimes: dict, hook: bool) -> subprocess.CompletedProcess:
-    """roles/gpu_host/tasks/container_runtime.yml with nvidia-ctk, docker (whose `info` lists
-    `runtimes`) and, if `hook`, nvidia-container-runtime-hook as the only such commands on PATH."""
+def run_gpu_task(tmp_path: Path, tasks_from: str, scripts: dict[str, str],
+                 extra_vars: dict | None = None) -> subprocess.CompletedProcess:
+    """roles/gpu_host/tasks/TASKS_FROM with `scripts` (name: shell body) as the only such commands
+    on PATH."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    scripts = {"nvidia-ctk": "echo 'NVIDIA Container Toolkit CLI version 1.17.8'",
-               "docker": f"echo '{json.dumps(runtimes)}'"}
-    if hook:
-        scripts["nvidia-container-runtime-hook"] = "exit 0"
     for name, body in scripts.items():
         (fake / name).write_text(f"#!/bin/sh\n{body}\n")
         (fake / name).chmod(0o755)
@@ -28,12 +25,22 @@ def run_runtime_check(tmp_path: Path, runtimes: dict, hook: bool) -> subprocess.
     (tmp_path / "ansible.cfg").symlink_to(ANSIBLE / "ansible.cfg")
     (tmp_path / "check.yml").write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
                                         "    - {ansible.builtin.include_role: {name: gpu_host, "
-                                        "tasks_from: container_runtime.yml}}\n")
+                                        f"tasks_from: {tasks_from}}}}}\n")
     path = f"{fake}:{BIN}:/usr/bin:/bin"
     return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "check.yml",
-                           "-e", json.dumps({"ansible_python_interpreter": sys.executable})],
+                           "-e", json.dumps({"ansible_python_interpreter": sys.executable, **(extra_vars or {})})],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PATH": path, "ANSIBLE_NOCOLOR": "1"})
+
+
+def run_runtime_check(tmp_path: Path, runtimes: dict, hook: bool) -> subprocess.CompletedProcess:
+    """container_runtime.yml with nvidia-ctk, docker (whose `info` lists `runtimes`) and, if `hook`,
+    nvidia-container-runtime-hook."""
+    scripts = {"nvidia-ctk": "echo 'NVIDIA Container Toolkit CLI version 1.17.8'",
+               "docker": f"echo '{json.dumps(runtimes)}'"}
+    if hook:
+        scripts["nvidia-container-runtime-hook"] = "exit 0"
+    return run_gpu_task(tmp_path, "container_runtime.yml", scripts)
 
 
 @pytest.mark.skipif(Path("/usr/bin/nvidia-container-runtime-hook").exists(), reason="this machine has the hook")
@@ -49,3 +56,26 @@ def test_a_node_whose_docker_can_run_gpus_passes(tmp_path, runtimes, hook, ok):
     out = " ".join(result.stdout.split())
     assert (result.returncode == 0) is ok, result.stdout[-3000:]
     assert ("no nvidia-container-runtime-hook on PATH" in out) is not ok, result.stdout[-3000:]
+
+
+GPU_LINE = "NVIDIA RTX PRO 6000 Blackwell Server Edition, 580.95.05, 97887 MiB"
+
+
+@pytest.mark.skipif(Path("/usr/bin/nvidia-smi").exists(), reason="this machine has nvidia-smi")
+@pytest.mark.parametrize("lines, rc, ok, said", [
+    ([GPU_LINE] * 8, 0, True, "8 GPU(s), driver 580.95.05"),
+    ([GPU_LINE] * 7, 0, False, "shows 7 GPU(s)"),
+    ([GPU_LINE.replace("580.95.05", "570.86.15")] * 8, 0, False, "driver >= 580"),
+    ([GPU_LINE] * 8 + ["Unable to determine the device handle for GPU0000:C1:00.0: Unknown Error"], 0, False,
+     "nvidia-smi said: Unable to determine the device handle"),
+    ([], 9, False, "nvidia-smi failed"),
+], ids=["eight", "seven", "old-driver", "a-lost-gpu", "no-driver"])
+def test_the_driver_check_counts_gpus_not_lines(tmp_path, lines, rc, ok, said):
+    """nvidia-smi may list a lost GPU as an error line and exit 0: 8 GPUs and that line passed as
+    9 GPUs. No test ran this check (the lab turns it off)."""
+    body = "".join(f"echo '{line}'\n" for line in lines) + f"exit {rc}"
+    result = run_gpu_task(tmp_path, "driver.yml", {"nvidia-smi": body},
+                          {"gpu_host_min_gpus": 8, "gpu_host_min_driver_version": "580"})
+    out = " ".join(result.stdout.split())
+    assert (result.returncode == 0) is ok, result.stdout[-3000:]
+    assert said in out, result.stdout[-3000:]
