@@ -11,6 +11,7 @@ import pytest
 from guardlab import (
     HISTORY,
     SEED_CONFIG,
+    SEED_VARS,
     node_for_guard,
     provision,
     records,
@@ -214,3 +215,22 @@ def test_drill7_an_operators_stop_past_the_grace_is_not_a_death(guard_node):
     assert not [r for r in records(node)[since:] if r["event"] in ("incident", "decision", "action")]
     assert node.sh("systemctl is-active sglang.service").stdout.strip() == "failed"
     assert node.opsctl("guard", "status").returncode == 0  # watching, nothing to do
+
+
+def test_drill8_a_failed_start_with_the_guard_paused_is_stopped_not_left_to_crash_loop(guard_node):
+    """site.yml left a start that failed to the unit's restart policy and the guard whenever the
+    guard was enabled: paused (a rollout interrupted) or stopped, nobody took over, and the engine
+    loaded its model again and again on values that cannot start."""
+    node = guard_node
+    reset(node)
+    assert node.opsctl("guard", "pause", "--reason", "drill 8").returncode == 0
+    try:
+        failed = node.provision("-e", json.dumps({**SEED_VARS, "sglang_mem_fraction_static": 0.99,
+                                                  "sglang_override_policy": "clear"}))
+        assert failed.returncode != 0, failed.stdout[-3000:]
+        assert "The unit was stopped (the guard is paused)." in failed.stdout, failed.stdout[-3000:]
+        node.wait_for(lambda: node.sh("systemctl is-active sglang.service").stdout.strip() in ("inactive", "failed"),
+                      timeout=30)
+    finally:
+        assert provision(node).returncode == 0  # the seed's values again
+        node.opsctl("guard", "resume", "--reason", "drill 8 done")
