@@ -76,10 +76,11 @@ _WEIGHT_FRAMES = re.compile(r"\bload_model\b|\bload_weights\b|model_loader")
 _STARTUP_FRAMES = re.compile(rf"{_POOL_FRAMES.pattern}|load_model")
 # The scheduler's per-batch lines: the engine is serving.
 BATCH_LINE = re.compile(r"\b(Prefill|Decode) batch\b")
-# SGLang 0.5.23 runs a /health_generate that finds the scheduler idle as a 1-token prefill and
-# logs it like any batch (metrics_reporter.report_prefill_stats): those lines are the probes'
-# own, not work for clients.
-_PROBE_PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: 1, #new-token: 1, .*#running-req: 0, #queue-req: 0\b")
+# SGLang 0.5.23 runs a health check (/health and /health_generate alike) that finds the scheduler
+# idle as a 1-token prefill and logs it like any batch (metrics_reporter.report_prefill_stats):
+# those lines, one token a request with nothing running, are the probes' own, not work for clients
+# (two probes at once, `opsctl status`'s, come as one batch of two, or one while the other waits).
+_PROBE_PREFILL = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: (\d+), #new-token: \1, .*#running-req: 0\b")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
 _MAX_PENDING_LINES = 400
 

@@ -11,6 +11,7 @@ last hour, or the verify kernel failed its self-check on a GPU at the last start
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 import time
@@ -85,33 +86,53 @@ BUSY_WINDOW_S = 60.0
 JOURNAL_TIMEOUT_S = 5.0
 
 
-def last_batch(lines: list[str], now: float) -> tuple[str, float] | None:
+_NEW_TOKENS = re.compile(r"#new-token: (\d+)")
+
+
+def last_batch(lines: list[str], now: float) -> tuple[str, float, int | None] | None:
     """The scheduler's last batch line of work for clients in `lines` (short-iso journal): its
-    kind ("Prefill" or "Decode") and its age in seconds, or None."""
+    kind ("Prefill" or "Decode"), its age in seconds and its new tokens (a prefill's), or None."""
     for line in reversed(lines):
         if oom.scheduler_working(line) and (match := oom.BATCH_LINE.search(line)):
             try:
-                return match.group(1), now - datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
+                age = now - datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
             except ValueError:
                 return None
+            tokens = _NEW_TOKENS.search(line)
+            return match.group(1), age, int(tokens[1]) if tokens else None
     return None
 
 
-def busy_engine(engine, metrics: dict[str, float], lines: list[str], timeout_s: float) -> str | None:
+def chunk_in_use(lines: list[str]) -> int | None:
+    """The running engine's --chunked-prefill-size, from its last start in `lines`, or None."""
+    for run in reversed(parse_startups(lines)):
+        chunk = run.chunked_prefill_size or run.config.chunked_prefill_size
+        if chunk:
+            return chunk
+    return None
+
+
+def busy_engine(engine, metrics: dict[str, float], lines: list[str], timeout_s: float,
+                chunk: int | None = None) -> str | None:
     """Why health probes that timed out belong to a busy engine, or None: then they are what they
-    seem. Busy: a batch logged within BUSY_WINDOW_S, and work in it. SGLang 0.5.23's gauges do
-    not count a request whose prefill is being chunked (it is neither in the running batch nor
-    in the queue), so a lone 185k prefill reads 0 running and 0 queued for its minutes: a prefill
-    batch as the last line is work in progress whatever the gauges say; after a decode batch the
-    gauges must show requests (an idle engine that stopped answering is hung)."""
+    seem. Busy: a batch logged within BUSY_WINDOW_S, and work in it: requests running or waiting,
+    or a prefill that goes on. SGLang 0.5.23's gauges do not count a request whose prefill is being
+    chunked (it is neither in the running batch nor in the queue), so a lone 185k prefill reads 0
+    and 0 for its minutes; SGLang logs each chunk as it ends, so a last line that is a whole chunk
+    (`chunk`, the engine's --chunked-prefill-size; unknown: taken as whole) means more follow. A
+    shorter one was a prompt's last chunk: with nothing running after it, an engine that stopped
+    answering is hung."""
     failing = [p for p in (engine.health, engine.health_generate) if not p.ok]
     if not failing or any(not (p.error or "").startswith("no answer within") for p in failing):
         return None
     requests = metrics.get("sglang:num_running_reqs", 0.0) + metrics.get("sglang:num_queue_reqs", 0.0)
     batch = last_batch(lines, time.time())
-    if batch is None or batch[1] > BUSY_WINDOW_S or (batch[0] != "Prefill" and requests <= 0):
+    if batch is None or batch[1] > BUSY_WINDOW_S:
         return None
-    kind, age = batch
+    kind, age, new_tokens = batch
+    prefill_goes_on = kind == "Prefill" and (chunk is None or (chunk > 0 and (new_tokens or 0) >= chunk))
+    if requests <= 0 and not prefill_goes_on:
+        return None
     work = f"{requests:g} request(s) run" if requests > 0 else "a prefill is in progress"
     return (f"busy: {', '.join(p.url.rsplit('/', 1)[-1] for p in failing)} did not answer within {timeout_s:g} s "
             f"while {work} and the scheduler logged a {kind.lower()} batch {max(age, 0):.0f} s ago "
@@ -167,7 +188,7 @@ def collect(timeout_s: float) -> dict[str, Any]:
                                       f"the last {(unit.uptime_s or 0) / 60:.0f} min ago"))
     info = engine.info
     metrics = engine.metric_values
-    busy = busy_engine(engine, metrics, journal_lines or [], timeout_s)
+    busy = busy_engine(engine, metrics, journal_lines or [], timeout_s, chunk_in_use(journal_lines or []))
     if busy:
         problems.append((OK, busy))
     elif not engine.health.ok:

@@ -260,6 +260,25 @@ def test_a_lone_chunked_prefill_is_neither_running_nor_queued_as_in_sglang(start
     assert gauge(decoding, "sglang:num_running_reqs") == 1  # decoding: in the running batch
 
 
+def test_health_checks_side_by_side_log_prefills_of_an_idle_engine(start_sim):
+    """`opsctl status` probes /health and /health_generate at once. A request whose one token comes
+    from its prefill never joins SGLang's running batch, so each probe's prefill line reads 0
+    running (what tells a probe's line from a client's); the simulator counted the other probe as
+    running, and `opsctl status` took the probes' lines for a client's prefill."""
+    sim = start_sim(FIXED, env={**EXPANDABLE, "SGLANG_SIM_LOAD_SECONDS": "0"})
+    with sim.client() as c:
+        for _ in range(5):
+            threads = [threading.Thread(target=c.get, args=(path,)) for path in ("/health", "/health_generate")]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+    from opsctl import oom
+
+    prefills = [line for line in sim.output().splitlines() if "Prefill batch" in line]
+    assert len(prefills) >= 10 and not [line for line in prefills if oom.scheduler_working(line)], prefills
+
+
 def test_startup_failures(start_sim):
     high = start_sim(["--mem-fraction-static", "0.99"], ready=False)
     low = start_sim(["--mem-fraction-static", "0.70"], ready=False)

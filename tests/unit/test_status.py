@@ -395,6 +395,21 @@ def test_slow_probes_without_work_in_progress_are_still_critical(monkeypatch, no
     assert result.exit_code == 2 and json.loads(result.output)["level"] == "CRITICAL"
 
 
+@pytest.mark.parametrize("new_tokens, busy", [(4096, True), (2656, False)], ids=["a-whole-chunk", "a-last-chunk"])
+def test_a_prompts_last_chunk_with_nothing_running_after_it_is_no_work(monkeypatch, node_config, new_tokens, busy):
+    """SGLang logs each chunk as it ends: a whole chunk (the engine's --chunked-prefill-size, from
+    its start in the journal) means more follow; a shorter one was the prompt's last, and with
+    nothing running since, an engine that stops answering is hung, not busy (for a minute)."""
+    node_config()
+    _busy_engine(monkeypatch, batch_age_s=12, running=0, kind="Prefill")
+    line = status.journal.tail("u", 1)[0].replace("#new-token: 4096,", f"#new-token: {new_tokens},")
+    start = (line.split(" TP0] ")[0] + " TP0] max_total_num_tokens=195011, chunked_prefill_size=4096, "
+             "max_prefill_tokens=16384, max_running_requests=48, context_len=200000, available_gpu_mem=5.86 GB")
+    monkeypatch.setattr(status.journal, "tail", lambda unit, lines, timeout_s=10.0: [start, line])
+    result = CliRunner().invoke(cli, ["status", "--json"])
+    assert (result.exit_code, json.loads(result.output)["level"]) == ((0, "OK") if busy else (2, "CRITICAL"))
+
+
 def test_a_health_probes_own_prefill_is_not_work_in_progress(monkeypatch, node_config):
     """/health_generate on an idle engine logs a 1-token prefill: a hung idle engine whose last
     line is a probe's is not busy."""

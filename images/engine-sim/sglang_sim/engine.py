@@ -479,7 +479,9 @@ class Engine:
                     prefix += c
                     largest = max(largest, c)
                 self.mem.finish_request(largest)
-                req["phase"] = "decode"
+                # (past its prefill: it joins the running batch below only with more tokens to decode; a
+                # request whose one token came from its prefill, a health check's, never does)
+                req["phase"] = "done"
                 if not is_health:
                     self.radix.insert(tokens, self.max_total_num_tokens)
             ttft = time.monotonic() - created
@@ -504,6 +506,7 @@ class Engine:
             if completion >= max_new:
                 yield self._final(meta, completion, verify_ct, created, ttft)
                 return
+            req["phase"] = "decode"
             yield output_text(completion), dict(meta), False
             pending = 0.0
             while completion < max_new:
