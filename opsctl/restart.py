@@ -352,7 +352,7 @@ def _why(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _record(history: Path, record: dict, warn: Callable[[str], None]) -> None:
+def record_after_change(history: Path, record: dict, warn: Callable[[str], None]) -> None:
     """Append to the history once the override file may have changed. A history that cannot be
     written (a full or read-only disk) must neither stop a rollback nor turn its outcome into a
     traceback: the outcome stands, and the operator is told what the history misses."""
@@ -376,7 +376,7 @@ def _abandon(config: NodeConfig, old_text: str, change: dict, error: BaseExcepti
             restored = None
         except OSError as write_error:
             restored = write_error.strerror or str(write_error)
-        _record(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
+        record_after_change(history_file(config), {"event": "restart", "outcome": "abandoned", "why": why,
                                        "override_restored": restored is None, **change}, warn)
     where = ("the previous override file is restored, but the engine may run the new values until its next start"
              if restored is None else
@@ -431,7 +431,7 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
                 write_override_text(config.override_env_file,
                                     render_overrides(overrides, config.env_file, actor(), reason))
         except OSError as error:  # written atomically: the old file is still whole and in force
-            _record(history, {"event": "restart", "outcome": "refused", "why": str(error), **change}, warn)
+            record_after_change(history, {"event": "restart", "outcome": "refused", "why": str(error), **change}, warn)
             raise click.ClickException(f"cannot write {config.override_env_file} ({error.strerror}); nothing was "
                                        "changed and the engine was not restarted") from None
         except BaseException as error:  # a Ctrl-C held off while the file was written
@@ -442,7 +442,7 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
             _abandon(config, old_text, change, error, warn)
         if attempt.ok:
             with signals_deferred(swallow=True):  # (it serves on the new values: a late Ctrl-C changes nothing)
-                _record(history, {"event": "restart", "outcome": "ok",
+                record_after_change(history, {"event": "restart", "outcome": "ok",
                                   "start_seconds": round(attempt.seconds, 1), **change}, warn)
             return RestartOutcome(True, False, attempt, None, before, after)
 
@@ -452,13 +452,13 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
             with signals_deferred():
                 write_override_text(config.override_env_file, old_text)
                 restored = True
-                _record(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
+                record_after_change(history, {"event": "restart", "outcome": "failed", "why": attempt.reason,
                                   "journal": attempt.journal[-40:], **change}, warn)
             rollback = start_and_wait(config, budget_s, progress)
         except BaseException as error:
             why = _why(error)
             with signals_deferred(swallow=True):
-                _record(history, {"event": "rollback", "outcome": "abandoned", "why": why, "actor": actor(),
+                record_after_change(history, {"event": "rollback", "outcome": "abandoned", "why": why, "actor": actor(),
                                   "override_restored": restored, "to": dataclasses.asdict(before)}, warn)
             where = ("the previous override file is in place" if restored else
                      f"{config.override_env_file} could not be put back and still holds the failed values: write "
@@ -467,7 +467,7 @@ def restart(config: NodeConfig, requested: TunedValues, *, reason: str, force: b
                 f"{attempt.reason}, and the rollback's start could not be followed ({why}); {where}. Check "
                 f"`systemctl status {config.unit}` and run `opsctl status`: the engine may be down") from error
         with signals_deferred(swallow=True):
-            _record(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
+            record_after_change(history, {"event": "rollback", "outcome": "ok" if rollback.ok else "failed",
                               "why": rollback.reason, "start_seconds": round(rollback.seconds, 1),
                               "actor": actor(), "to": dataclasses.asdict(before)}, warn)
         return RestartOutcome(False, True, attempt, rollback, before, after)

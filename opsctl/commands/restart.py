@@ -223,7 +223,8 @@ def overrides_clear(no_restart, reason, budget_s, wait_lock_s, json_) -> None:
     if no_restart:
         from opsctl.locking import engine_lock
         from opsctl.overrides import render_overrides, write_override_text
-        from opsctl.state import actor, append_record
+        from opsctl.restart import history_file, record_after_change
+        from opsctl.state import actor
 
         with _refused_on_error():
             config = load_config()
@@ -234,13 +235,10 @@ def overrides_clear(no_restart, reason, budget_s, wait_lock_s, json_) -> None:
                 except OSError as error:
                     raise click.ClickException(f"cannot write {config.override_env_file} "
                                                f"({error.strerror or error}); nothing was changed") from None
-                history = config.state_dir / "history.jsonl"
-                try:
-                    append_record(history, {"event": "overrides-clear", "outcome": "written", "actor": actor(),
-                                            "reason": reason, "time_written": time.time()})
-                except OSError as error:
-                    err_console.print(f"[yellow]could not record the change in {history} "
-                                      f"({error.strerror or error}): the history misses it[/yellow]")
+                record_after_change(history_file(config),
+                                    {"event": "overrides-clear", "outcome": "written", "actor": actor(),
+                                     "reason": reason, "time_written": time.time()},
+                                    lambda message: err_console.print(f"[yellow]{message}[/yellow]", soft_wrap=True))
         err_console.print("overrides cleared; restart the engine to apply")
         return
     run_restart(TunedValues(), reason, True, budget_s, wait_lock_s, json_, replace=True)
