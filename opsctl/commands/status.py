@@ -112,14 +112,13 @@ def chunk_in_use(lines: list[str]) -> int | None:
     return None
 
 
-def busy_engine(engine, metrics: dict[str, float], lines: list[str], timeout_s: float,
-                chunk: int | None = None) -> str | None:
+def busy_engine(engine, metrics: dict[str, float], lines: list[str], timeout_s: float) -> str | None:
     """Why health probes that timed out belong to a busy engine, or None: then they are what they
     seem. Busy: a batch logged within BUSY_WINDOW_S, and work in it: requests running or waiting,
     or a prefill that goes on. SGLang 0.5.23's gauges do not count a request whose prefill is being
     chunked (it is neither in the running batch nor in the queue), so a lone 185k prefill reads 0
     and 0 for its minutes; SGLang logs each chunk as it ends, so a last line that is a whole chunk
-    (`chunk`, the engine's --chunked-prefill-size; unknown: taken as whole) means more follow. A
+    (the engine's --chunked-prefill-size, `chunk_in_use`; unknown: taken as whole) means more follow. A
     shorter one was a prompt's last chunk: with nothing running after it, an engine that stopped
     answering is hung."""
     failing = [p for p in (engine.health, engine.health_generate) if not p.ok]
@@ -130,6 +129,7 @@ def busy_engine(engine, metrics: dict[str, float], lines: list[str], timeout_s: 
     if batch is None or batch[1] > BUSY_WINDOW_S:
         return None
     kind, age, new_tokens = batch
+    chunk = chunk_in_use(lines) if kind == "Prefill" and requests <= 0 else None  # (its start: read only here)
     prefill_goes_on = kind == "Prefill" and (chunk is None or (chunk > 0 and (new_tokens or 0) >= chunk))
     if requests <= 0 and not prefill_goes_on:
         return None
@@ -188,7 +188,7 @@ def collect(timeout_s: float) -> dict[str, Any]:
                                       f"the last {(unit.uptime_s or 0) / 60:.0f} min ago"))
     info = engine.info
     metrics = engine.metric_values
-    busy = busy_engine(engine, metrics, journal_lines or [], timeout_s, chunk_in_use(journal_lines or []))
+    busy = busy_engine(engine, metrics, journal_lines or [], timeout_s)
     if busy:
         problems.append((OK, busy))
     elif not engine.health.ok:
